@@ -1,0 +1,103 @@
+"""Shared defaults for every preset; presets override fields of `get_base_config()`.
+
+Each section is built by its own function so the parts of the project that own them
+(model, data, training, checkpointing, mesh) can extend them without touching the others.
+"""
+
+import ml_collections
+
+
+def model_defaults() -> ml_collections.ConfigDict:
+  m = ml_collections.ConfigDict()
+  m.vocab_size = 4096
+  m.hidden_size = 128
+  m.num_layers = 4
+  m.num_heads = 4
+  m.num_kv_heads = 0  # 0 = same as num_heads (multi-head attention)
+  m.head_dim = 0  # 0 = hidden_size // num_heads
+  m.ffn_size = 512
+  m.rms_eps = 1e-5
+  m.position_encoding = 'bipe_rope'
+  m.max_intra = 1024  # learned intra-segment table size (official: training length 1024)
+  m.max_position = 1024  # learned absolute table size ('learned' encoding)
+  m.rope_base = 10000.0
+  m.rope_scaling = 'none'  # none | linear | ntk | yarn
+  m.rope_scaling_factor = 1.0
+  m.rope_original_length = 1024
+  m.alibi_slope_factor = 0.0  # 0 = scheme default (96 for bipe_alibi, 1 otherwise)
+  m.separators = 'auto'  # auto (tokenizer rule) | official ({869, 13}) | ids (separator_ids)
+  m.separator_ids = ()  # resolved at start when separators != 'ids'
+  m.bos_id = 1
+  m.eos_id = 2
+  m.pad_id = -1  # -1 = no padding token
+  m.restart_at_documents = False  # official BiPE: segments do not restart at BOS
+  m.mask_across_documents = False  # official: packed documents attend to each other
+  m.attention_impl = 'blockwise'  # dense | blockwise | cudnn
+  m.block_size = 128
+  m.dtype = 'float32'  # compute dtype; float32 | bfloat16
+  m.remat = False
+  m.dape_hidden = 32
+  m.dapev2_kernel = 3
+  m.fire_hidden = 32
+  m.t5_buckets = 32
+  m.t5_max_distance = 128
+  return m
+
+
+def data_defaults() -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  d.dataset = 'embedded'  # embedded | text_folder | pg19 | arxiv
+  d.data_dir = 'data_cache'  # TFDS data_dir (prepared datasets and the embedded corpus)
+  d.text_dir = ''  # for dataset=text_folder
+  d.tokenizer_path = ''  # '' = the tokenizer trained beside the data in data_dir
+  d.tokenizer_vocab_size = 4096
+  d.seq_len = 128
+  d.seed = 0
+  d.document_ids = False  # emit document ids so attention / positions can restart per document
+  d.prefetch = 2
+  return d
+
+
+def train_defaults() -> ml_collections.ConfigDict:
+  t = ml_collections.ConfigDict()
+  t.steps = 1000
+  t.batch_size = 32  # global batch, in sequences
+  t.learning_rate = 1e-3
+  t.warmup_steps = 100
+  t.schedule = 'linear'  # linear (paper) | cosine
+  t.end_learning_rate_ratio = 0.0
+  t.weight_decay = 0.01
+  t.b1 = 0.9
+  t.b2 = 0.98
+  t.grad_clip = 1.0
+  t.grad_accum_steps = 1
+  t.seed = 0
+  t.log_every = 10
+  t.eval_every = 0
+  return t
+
+
+def checkpoint_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.every_steps = 100
+  c.keep = 3
+  c.async_save = True
+  return c
+
+
+def mesh_defaults() -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict()
+  s.data = -1  # -1 = the remaining devices
+  s.fsdp = 1
+  s.tensor = 1
+  return s
+
+
+def get_base_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.model = model_defaults()
+  config.data = data_defaults()
+  config.train = train_defaults()
+  config.checkpoint = checkpoint_defaults()
+  config.mesh = mesh_defaults()
+  return config
