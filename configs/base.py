@@ -54,7 +54,12 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.seq_len = 128
   d.seed = 0
   d.document_ids = False  # emit document ids so attention / positions can restart per document
-  d.prefetch = 2
+  d.prefetch = 2  # batches prefetched on a background thread (0 = none)
+  d.tokenizer_model_type = 'bpe'  # bpe | unigram (for a tokenizer trained beside the data)
+  d.text_field = 'text'  # JSON field holding the text in .jsonl files (text_folder)
+  d.validation_fraction = 0.05  # documents held out for validation (embedded, text_folder)
+  d.num_epochs = 0  # 0 = repeat the training split forever (reshuffled every epoch)
+  d.num_threads = 2  # tokenisation threads of the training pipeline (0 = in the caller)
   return d
 
 
@@ -69,11 +74,19 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.weight_decay = 0.01
   t.b1 = 0.9
   t.b2 = 0.98
-  t.grad_clip = 1.0
-  t.grad_accum_steps = 1
+  t.eps = 1e-8
+  t.grad_clip = 1.0  # global-norm clipping; 0 = off
+  t.grad_accum_steps = 1  # micro-batches per step (a scan inside the step); batch_size is global
+  # Logical data shards: the global batch is the concatenation of `data_shards` pipelines, each
+  # process reading its share; the same value gives the same batches for any process count
+  # (and lets a run resume on another process count). 0 = one shard per data-loading process.
+  t.data_shards = 0
   t.seed = 0
   t.log_every = 10
   t.eval_every = 0
+  # MFU denominator: peak FLOP/s of one device. Default: this project's 2-core CPU measured at
+  # 2.0e11 float32 FLOP/s (PERFORMANCE.md); on CPU the fake devices of one process share it.
+  t.peak_flops_per_device = 2.0e11
   return t
 
 
@@ -82,6 +95,7 @@ def checkpoint_defaults() -> ml_collections.ConfigDict:
   c.every_steps = 100
   c.keep = 3
   c.async_save = True
+  c.dir = ''  # '' = <workdir>/checkpoints
   return c
 
 

@@ -1,0 +1,99 @@
+"""`prepare` (build what is missing) and `get_tokenizer` (load the configured tokenizer).
+
+The default tokenizer of a dataset lives beside it: `<dataset root>/spm_<type>_<vocab>.model`
+(see tfds_builders.dataset_root). `data.tokenizer_path` overrides it (any SentencePiece model,
+e.g. the Llama tokenizer). The synthetic 'arithmetic' dataset is delegated to
+`bipe_jax.tasks.arithmetic`.
+"""
+
+import dataclasses
+import logging
+import os
+import time
+
+from bipe_jax.data import tfds_builders
+from bipe_jax.data import tokenizer as tokenizer_lib
+
+ARITHMETIC = 'arithmetic'
+
+
+def _arithmetic():
+  from bipe_jax.tasks import arithmetic  # pylint: disable=import-outside-toplevel
+  return arithmetic
+
+
+def default_tokenizer_path(data_config) -> str:
+  model_type = data_config.tokenizer_model_type
+  return os.path.join(tfds_builders.dataset_root(data_config),
+                      f'spm_{model_type}_{int(data_config.tokenizer_vocab_size)}.model')
+
+
+def tokenizer_path(data_config) -> str:
+  if data_config.tokenizer_path:
+    return os.path.abspath(os.path.expanduser(data_config.tokenizer_path))
+  return default_tokenizer_path(data_config)
+
+
+def get_tokenizer(data_config):
+  """The configured tokenizer (a `Tokenizer`); a clear error when it does not exist yet."""
+  if data_config.dataset == ARITHMETIC:
+    return _arithmetic().get_tokenizer(data_config)
+  path = tokenizer_path(data_config)
+  if not os.path.isfile(path):
+    if data_config.tokenizer_path:
+      raise ValueError(f'data.tokenizer_path={data_config.tokenizer_path!r} does not exist')
+    raise ValueError(f'no tokenizer at {path}: call bipe_jax.data.prepare(config.data) or run '
+                     f'`python train/build_data.py --dataset={data_config.dataset} '
+                     f'--data_dir={data_config.data_dir}` first')
+  return tokenizer_lib.Tokenizer(path)
+
+
+def iter_split_texts(data_config, split: str = 'train'):
+  """Document texts of one split in stored order (decoded from the array_record files)."""
+  source, feature = tfds_builders.open_split(data_config, split)
+  for i in range(len(source)):
+    text = source[i][feature]
+    yield text.decode('utf-8', 'replace') if isinstance(text, bytes) else str(text)
+
+
+@dataclasses.dataclass
+class Prepared:
+  version_dir: str
+  tokenizer_path: str
+  seconds: float
+  built: bool
+  trained_tokenizer: bool
+
+
+def prepare(data_config, *, force: bool = False, max_tokenizer_characters: int = 50_000_000):
+  """Builds the dataset (embedded / text folder) and trains its tokenizer when missing.
+
+  Idempotent and fast when everything exists. Catalog datasets (pg19, arxiv) must already be
+  prepared in data_dir (clear error otherwise); their tokenizer is trained here if missing,
+  on the first `max_tokenizer_characters` of the train split.
+  """
+  start = time.perf_counter()
+  if data_config.dataset == ARITHMETIC:
+    arithmetic = _arithmetic()
+    if hasattr(arithmetic, 'prepare'):
+      arithmetic.prepare(data_config)
+    return Prepared('', '', time.perf_counter() - start, False, False)
+  existed = tfds_builders._prepared_version_dir(tfds_builders.dataset_root(data_config))  # pylint: disable=protected-access
+  vdir = tfds_builders.build(data_config, force=force)
+  built = force or existed is None
+  path = tokenizer_path(data_config)
+  trained = False
+  if data_config.tokenizer_path:
+    if not os.path.isfile(path):
+      raise ValueError(f'data.tokenizer_path={data_config.tokenizer_path!r} does not exist '
+                       '(leave it empty to train a tokenizer beside the data)')
+  elif force or built or not os.path.isfile(path):
+    t = time.perf_counter()
+    tokenizer_lib.train_tokenizer(
+        iter_split_texts(data_config, 'train'), path,
+        model_type=data_config.tokenizer_model_type,
+        vocab_size=int(data_config.tokenizer_vocab_size),
+        max_characters=max_tokenizer_characters)
+    trained = True
+    logging.info('trained %s in %.1fs', path, time.perf_counter() - t)
+  return Prepared(vdir, path, time.perf_counter() - start, built, trained)

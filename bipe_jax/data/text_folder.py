@@ -1,0 +1,95 @@
+"""Documents from a local folder of text: plain text, JSON lines and source code.
+
+- `.txt`, `.md`, `.rst` (and files without an extension): one document per file.
+- `.jsonl`: one document per line, the JSON object's `text_field` (lines that are not JSON
+  objects with that string field are skipped and counted).
+- source code (`CODE_EXTENSIONS`): one document per file.
+Other files are ignored and counted. Bytes that are not UTF-8 are replaced by U+FFFD and
+counted per document. The folder's fingerprint (paths, sizes, modification times, options)
+names the built dataset, so editing the folder triggers a rebuild instead of serving stale data.
+"""
+
+import hashlib
+import json
+import os
+from typing import Iterator
+
+from bipe_jax.data import documents
+
+TEXT_EXTENSIONS = ('.txt', '.md', '.rst', '')
+JSONL_EXTENSIONS = ('.jsonl',)
+CODE_EXTENSIONS = ('.py', '.c', '.h', '.cc', '.cpp', '.hpp', '.java', '.js', '.ts', '.go',
+                   '.rs', '.rb', '.sh', '.jl', '.scala', '.kt', '.swift', '.m', '.r', '.lua',
+                   '.pl', '.php', '.hs', '.ml', '.sql', '.toml', '.yaml', '.yml', '.tex')
+
+
+def _kind(path: str) -> str | None:
+  ext = os.path.splitext(path)[1].lower()
+  if ext in JSONL_EXTENSIONS:
+    return 'jsonl'
+  if ext in TEXT_EXTENSIONS:
+    return 'text'
+  if ext in CODE_EXTENSIONS:
+    return 'code'
+  return None
+
+
+def list_files(text_dir: str) -> list[str]:
+  """Relative paths of every regular file under `text_dir`, sorted, hidden entries skipped."""
+  if not text_dir:
+    raise ValueError("data.text_dir is empty: set it to a folder of .txt/.jsonl/source files "
+                     "for dataset='text_folder'")
+  if not os.path.isdir(text_dir):
+    raise ValueError(f'data.text_dir={text_dir!r} is not a directory')
+  out = []
+  for dirpath, dirnames, filenames in os.walk(text_dir):
+    dirnames[:] = sorted(d for d in dirnames if not d.startswith('.'))
+    for name in sorted(filenames):
+      if not name.startswith('.'):
+        out.append(os.path.relpath(os.path.join(dirpath, name), text_dir))
+  return sorted(out)
+
+
+def fingerprint(text_dir: str, text_field: str, validation_fraction: float) -> str:
+  """A short hash of the folder's files (path, size, mtime) and the build options."""
+  h = hashlib.sha1()
+  h.update(f'{os.path.abspath(text_dir)}|{text_field}|{validation_fraction}'.encode())
+  for rel in list_files(text_dir):
+    st = os.stat(os.path.join(text_dir, rel))
+    h.update(f'|{rel}|{st.st_size}|{st.st_mtime_ns}'.encode())
+  return h.hexdigest()[:12]
+
+
+def iter_documents(text_dir: str, text_field: str,
+                   report: documents.BuildReport) -> Iterator[tuple[str, str]]:
+  """(id, text) for every document of the folder, in sorted path (then line) order."""
+  for rel in list_files(text_dir):
+    kind = _kind(rel)
+    if kind is None:
+      report.ignored_files += 1
+      continue
+    with open(os.path.join(text_dir, rel), 'rb') as f:
+      data = f.read()
+    doc_id = rel.replace(os.sep, '/')
+    if kind != 'jsonl':
+      text, replaced = documents.decode_bytes(data)
+      if replaced:
+        report.undecodable[doc_id] = replaced
+      yield doc_id, text
+      continue
+    for lineno, raw in enumerate(data.split(b'\n'), start=1):
+      if not raw.strip():
+        continue
+      line, replaced = documents.decode_bytes(raw)
+      line_id = f'{doc_id}:{lineno}'
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError:
+        report.bad_json_lines += 1
+        continue
+      if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+        report.bad_json_lines += 1
+        continue
+      if replaced:
+        report.undecodable[line_id] = replaced
+      yield line_id, obj[text_field]
