@@ -1,0 +1,67 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2024), as in DAPE's code.
+
+  psi(x) = log(|c * x| + 1)
+  d      = psi(max(q - k, 0)) / (psi(max(L, q)) + 1e-6),   L = |L_multiplier * init_L|
+  bias   = MLP(d): Linear(1 -> hidden) -> ReLU -> Linear(hidden -> H), [B, H, Q, K].
+
+Distances are float32. Keys after the query (k > q, masked by the caller) get distance 0.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+FIRE_EPS = 1e-6
+
+
+def fire_bias(q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array, *, c, l_multiplier, init_L,
+              w_in_1xN, b_in_N, w_out_NxH, b_out_H, eps: float = FIRE_EPS) -> jax.Array:
+  """FIRE bias [B, H, Q, K] float32 from the MLP weights and the scalars c, L_multiplier."""
+  q = q_pos_BxQ.astype(jnp.float32)[:, :, None]
+  k = k_pos_BxK.astype(jnp.float32)[:, None, :]
+  c = jnp.asarray(c, jnp.float32)
+  psi = lambda x: jnp.log(jnp.abs(c * x) + 1.0)
+  threshold = jnp.abs(jnp.asarray(l_multiplier, jnp.float32) * init_L)
+  normaliser_BxQx1 = psi(jnp.maximum(q, threshold)) + eps
+  d_BxQxK = psi(jnp.maximum(q - k, 0.0)) / normaliser_BxQx1
+  hidden_BxQxKxN = jax.nn.relu(d_BxQxK[..., None] * w_in_1xN[0] + b_in_N)
+  out = jnp.einsum('bqkn,nh->bhqk', hidden_BxQxKxN, w_out_NxH)
+  return out + jnp.asarray(b_out_H)[None, :, None, None]
+
+
+def _torch_linear_init(fan_in: int):
+  """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's default nn.Linear init (weights and bias)."""
+  bound = fan_in**-0.5
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+  return init
+
+
+class FireBias(nn.Module):
+  """Learned FIRE bias.
+
+  Attributes:
+    num_heads: H.
+    hidden: MLP width (32).
+    init_c: initial c (0.1).
+    init_L: L0, the training length (a fixed attribute, not a parameter).
+  Params: 'c' [], 'L_multiplier' [] (init 1.0), 'w_in' [1, hidden], 'b_in' [hidden],
+    'w_out' [hidden, H], 'b_out' [H] (PyTorch nn.Linear init).
+  """
+  num_heads: int
+  hidden: int = 32
+  init_c: float = 0.1
+  init_L: float = 512.
+
+  @nn.compact
+  def __call__(self, q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array) -> jax.Array:
+    c = self.param('c', nn.initializers.constant(self.init_c), (), jnp.float32)
+    l_multiplier = self.param('L_multiplier', nn.initializers.ones, (), jnp.float32)
+    w_in = self.param('w_in', _torch_linear_init(1), (1, self.hidden), jnp.float32)
+    b_in = self.param('b_in', _torch_linear_init(1), (self.hidden,), jnp.float32)
+    w_out = self.param('w_out', _torch_linear_init(self.hidden), (self.hidden, self.num_heads),
+                       jnp.float32)
+    b_out = self.param('b_out', _torch_linear_init(self.hidden), (self.num_heads,), jnp.float32)
+    return fire_bias(q_pos_BxQ, k_pos_BxK, c=c, l_multiplier=l_multiplier, init_L=self.init_L,
+                     w_in_1xN=w_in, b_in_N=b_in, w_out_NxH=w_out, b_out_H=b_out)

@@ -1,0 +1,38 @@
+"""Kerple, logarithmic variant (Chi et al. 2022), as used by DAPE.
+
+bias[b, h, i, j] = -p_h * log(1 + a_h * max(q_pos[i] - k_pos[j], 0)), with p, a >= 0.01.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+KERPLE_MIN = 0.01  # official eps: p and a are clamped to >= 0.01 before use
+
+
+def kerple_log_bias(q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array, p_H: jax.Array,
+                    a_H: jax.Array) -> jax.Array:
+  """Kerple-log bias [B, H, Q, K] float32 (p and a used as given: clamp them first)."""
+  distance_Bx1xQxK = jnp.maximum(
+      q_pos_BxQ[:, None, :, None] - k_pos_BxK[:, None, None, :], 0).astype(jnp.float32)
+  p = jnp.asarray(p_H, jnp.float32)[None, :, None, None]
+  a = jnp.asarray(a_H, jnp.float32)[None, :, None, None]
+  return -p * jnp.log1p(a * distance_Bx1xQxK)
+
+
+def _uniform(high: float):
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, 0.0, high)
+  return init
+
+
+class KerpleLogBias(nn.Module):
+  """Learned Kerple-log bias: params 'p' [H] ~ U(0, 2) and 'a' [H] ~ U(0, 1), clamped >= 0.01."""
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array) -> jax.Array:
+    p_H = self.param('p', _uniform(2.0), (self.num_heads,), jnp.float32)
+    a_H = self.param('a', _uniform(1.0), (self.num_heads,), jnp.float32)
+    return kerple_log_bias(q_pos_BxQ, k_pos_BxK, jnp.maximum(p_H, KERPLE_MIN),
+                           jnp.maximum(a_H, KERPLE_MIN))

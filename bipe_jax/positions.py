@@ -1,0 +1,158 @@
+"""Bilevel position streams (BiPE, He et al. 2024, REFERENCE §1), computed inside jit.
+
+Every token gets:
+  token:    its absolute position 0..T-1,
+  intra:    its offset from the start of its segment (0-based),
+  inter:    the index of its segment = number of separators strictly before it,
+  document: the index of the packed document it belongs to,
+  valid:    False on padding.
+
+A separator belongs to the segment it ends; the next token starts a new segment. Example with
+S a separator: `[a b c S d e f S S g S]` -> intra `[0 1 2 3 0 1 2 3 0 0 1]`,
+inter `[0 0 0 0 1 1 1 1 2 3 3]`.
+
+Everything is a cumulative sum / cumulative max over the T axis (no Python loop over positions,
+no host round trip), so it runs per row inside a jitted train step.
+
+Padding (`tokens == pad_id`) is invisible: it never ends a segment, and it is not counted in any
+position, so the positions of the valid tokens are exactly those of the same row with the padding
+removed (left, right or interior padding alike). Without padding, `token` is 0..T-1 (the official
+behaviour). All streams are 0 at padding positions.
+
+Documents: with a `document_start_table_V` (BOS ids), `document` counts the document starts at or
+before t; a start at the row's first valid token opens document 0, and a row that does not start
+with BOS has its leading partial document as document 0 (so `[a b BOS c]` -> `[0 0 1 1]`,
+`[BOS a BOS b]` -> `[0 0 1 1]`). With `restart_at_documents=True` the token, intra and inter
+streams restart at every document start (BOS opens a new segment at intra 0, inter 0); the
+default (False) is the official BiPE behaviour, where BOS is an ordinary token.
+"""
+
+from typing import Iterable, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@flax.struct.dataclass
+class BilevelPositions:
+  """The position streams of a batch; every field is [B, T]."""
+  token: jax.Array  # int32, 0..T-1 (restarts per document when documents restart)
+  intra: jax.Array  # int32, offset inside the segment (not clamped)
+  inter: jax.Array  # int32, segment index
+  document: jax.Array  # int32, packed-document index (0 when documents are not tracked)
+  valid: jax.Array  # bool, False on padding
+
+
+def separator_table(vocab_size: int, separator_ids: Iterable[int]) -> np.ndarray:
+  """A [V] bool lookup table, True at every id in `separator_ids`.
+
+  Raises ValueError naming any id outside [0, vocab_size) and a non-positive vocab_size.
+  """
+  vocab_size = int(vocab_size)
+  if vocab_size <= 0:
+    raise ValueError(f'vocab_size must be positive, got {vocab_size}.')
+  ids = [int(i) for i in separator_ids]
+  bad = sorted({i for i in ids if not 0 <= i < vocab_size})
+  if bad:
+    raise ValueError(
+        f'separator_ids {bad} are out of range for vocab_size={vocab_size}; '
+        f'allowed ids are 0..{vocab_size - 1}.')
+  table_V = np.zeros((vocab_size,), dtype=bool)
+  table_V[ids] = True
+  return table_V
+
+
+def clamp_positions(positions: jax.Array, size: int) -> jax.Array:
+  """Clamps positions into [0, size-1], as the official code does for its learned tables."""
+  if size <= 0:
+    raise ValueError(f'table size must be positive, got {size}.')
+  return jnp.clip(positions, 0, size - 1)
+
+
+def _lookup(table_V, tokens_BxT: jax.Array) -> jax.Array:
+  """table_V[tokens] as bool [B, T]; ids outside [0, V) give False (no wrap-around)."""
+  table_V = jnp.asarray(table_V, dtype=bool)
+  if table_V.ndim != 1:
+    raise ValueError(f'a token table must be 1-D [V], got shape {table_V.shape}.')
+  vocab = table_V.shape[0]
+  in_range = (tokens_BxT >= 0) & (tokens_BxT < vocab)
+  safe = jnp.where(in_range, tokens_BxT, 0)
+  return table_V[safe] & in_range
+
+
+def _exclusive_shift(x_BxT: jax.Array, fill) -> jax.Array:
+  """x shifted right by one along T: out[:, t] = x[:, t-1], out[:, 0] = fill."""
+  first = jnp.full_like(x_BxT[:, :1], fill)
+  return jnp.concatenate([first, x_BxT[:, :-1]], axis=1)
+
+
+def bilevel_positions(tokens_BxT: jax.Array,
+                      separator_table_V,
+                      *,
+                      document_start_table_V=None,
+                      pad_id: Optional[int] = None,
+                      restart_at_documents: bool = False) -> BilevelPositions:
+  """Computes the bilevel position streams of a batch of token ids.
+
+  Args:
+    tokens_BxT: int token ids [B, T].
+    separator_table_V: [V] bool, True at separator ids (see `separator_table`).
+    document_start_table_V: optional [V] bool, True at document-start ids (BOS). None: every
+      token is in document 0 and documents never restart.
+    pad_id: id of the padding token, or None when there is no padding.
+    restart_at_documents: restart token / intra / inter at every document start (needs
+      `document_start_table_V`). False = official BiPE.
+
+  Returns:
+    BilevelPositions with [B, T] int32 streams and the bool valid mask.
+  """
+  tokens_BxT = jnp.asarray(tokens_BxT)
+  if tokens_BxT.ndim != 2:
+    raise ValueError(f'tokens must be [B, T], got shape {tokens_BxT.shape}.')
+  if not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
+    raise ValueError(f'tokens must be integer ids, got dtype {tokens_BxT.dtype}.')
+  if restart_at_documents and document_start_table_V is None:
+    raise ValueError('restart_at_documents=True needs document_start_table_V (the BOS ids).')
+  i32 = jnp.int32
+
+  if pad_id is None:
+    valid = jnp.ones(tokens_BxT.shape, dtype=bool)
+  else:
+    valid = tokens_BxT != pad_id
+  is_sep = _lookup(separator_table_V, tokens_BxT) & valid
+
+  # Index of each token among the valid tokens of its row (pads do not count).
+  count = jnp.cumsum(valid.astype(i32), axis=1, dtype=i32) - 1
+  # Number of separators strictly before t, and the count of the last separator before t.
+  seps_before = _exclusive_shift(jnp.cumsum(is_sep.astype(i32), axis=1, dtype=i32), 0)
+  last_sep = _exclusive_shift(
+      jax.lax.cummax(jnp.where(is_sep, count, -1), axis=1), -1)
+
+  if document_start_table_V is None:
+    document = jnp.zeros_like(count)
+    token, inter = count, seps_before
+    segment_open = last_sep  # count of the token just before the segment start
+  else:
+    is_doc = _lookup(document_start_table_V, tokens_BxT) & valid
+    starts_upto = jnp.cumsum(is_doc.astype(i32), axis=1, dtype=i32)
+    # A document start at the first valid token opens document 0, not 1.
+    first_valid = jnp.argmax(valid, axis=1)[:, None]
+    first_is_doc = jnp.take_along_axis(is_doc, first_valid, axis=1).astype(i32)
+    document = starts_upto - first_is_doc
+    if restart_at_documents:
+      doc_count = jax.lax.cummax(jnp.where(is_doc, count, 0), axis=1)
+      doc_seps = jax.lax.cummax(jnp.where(is_doc, seps_before, 0), axis=1)
+      token = count - doc_count
+      inter = seps_before - doc_seps
+      segment_open = jnp.maximum(last_sep, doc_count - 1)
+    else:
+      token, inter = count, seps_before
+      segment_open = last_sep
+  intra = count - segment_open - 1
+
+  zero = lambda x: jnp.where(valid, x, 0).astype(i32)
+  return BilevelPositions(
+      token=zero(token), intra=zero(intra), inter=zero(inter), document=zero(document),
+      valid=valid)
