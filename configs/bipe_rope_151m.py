@@ -15,6 +15,7 @@ def get_config():
   m.max_intra = 1024
   m.max_position = 1024
   m.rope_original_length = 1024
+  m.train_length = 1024
   m.separators = 'official'  # {869, 13} with the Llama tokenizer, as the released models
   m.block_size = 256
   config.data.dataset = 'pg19'

@@ -1,4 +1,8 @@
-"""DAPE-Kerple as in the DAPE paper: a 125M-class model, train length 512, Adam(0.9, 0.95)."""
+"""DAPE-Kerple as in the DAPE paper: a 125M-class model, train length 512, Adam(0.9, 0.95).
+
+With the untied 50304-token embeddings (77M of the total) count_params gives 162M, as for
+Pythia-160M, the GPT-NeoX "125M" configuration with an untied output layer.
+"""
 
 from configs import base
 
@@ -11,8 +15,9 @@ def get_config():
   m.hidden_size = 768
   m.num_layers = 12
   m.num_heads = 12
-  m.ffn_size = 2048  # SwiGLU width giving a 125M-class model
+  m.ffn_size = 2048  # SwiGLU width: 3 x 768 x 2048 = 4.7M per layer, like a 4x GeLU MLP
   m.dape_hidden = 32
+  m.train_length = 512
   m.block_size = 256
   config.data.dataset = 'arxiv'
   config.data.seq_len = 512

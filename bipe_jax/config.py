@@ -1,0 +1,186 @@
+"""`ModelConfig`: the model section of the ml_collections config as a frozen, validated dataclass.
+
+  cfg = model_config_from_dict(config.model)   # validates, raises ValueError naming the field
+  n = count_params(cfg)                          # via jax.eval_shape: no memory is allocated
+"""
+
+import dataclasses
+import math
+from typing import Any, Mapping, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from bipe_jax import attention
+from bipe_jax import schemes
+
+OFFICIAL_SEPARATOR_IDS = (869, 13)  # Llama tokenizer: '▁.' and '<0x0A>' (official BiPE code)
+SEPARATOR_MODES = ('auto', 'official', 'ids')
+DTYPES = ('float32', 'bfloat16')
+ROPE_SCALINGS = ('none', 'linear', 'ntk', 'yarn')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Every field of configs/base.py `model_defaults()` (see there for the meaning of each)."""
+  vocab_size: int = 4096
+  hidden_size: int = 128
+  num_layers: int = 4
+  num_heads: int = 4
+  num_kv_heads: int = 0  # 0 = num_heads
+  head_dim: int = 0  # 0 = hidden_size // num_heads
+  ffn_size: int = 512
+  rms_eps: float = 1e-5
+  position_encoding: str = 'bipe_rope'
+  max_intra: int = 1024
+  max_position: int = 1024
+  intra_zero_last_row: bool = False  # official quirk: last intra row is zero (padding_idx=-1)
+  train_length: int = 1024  # training sequence length: FIRE's L0, RoPE log-scale reference
+  rope_base: float = 10000.0
+  rope_scaling: str = 'none'
+  rope_scaling_factor: float = 1.0
+  rope_original_length: int = 1024
+  rope_log_scale: bool = False  # BiPE option: q *= log(pos + 1) / log(train_length)
+  alibi_slope_factor: float = 0.0  # 0 = the scheme's default
+  separators: str = 'auto'
+  separator_ids: Tuple[int, ...] = ()
+  bos_id: int = 1
+  eos_id: int = 2
+  pad_id: int = -1
+  restart_at_documents: bool = False
+  mask_across_documents: bool = False
+  attention_impl: str = 'blockwise'
+  block_size: int = 128
+  dtype: str = 'float32'
+  remat: bool = False
+  dape_hidden: int = 32
+  dapev2_kernel: int = 3
+  fire_hidden: int = 32
+  t5_buckets: int = 32
+  t5_max_distance: int = 128
+
+  # Derived values (no new fields, so the dataclass mirrors the config exactly).
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def head_size(self) -> int:
+    return self.head_dim or self.hidden_size // self.num_heads
+
+  @property
+  def scheme(self) -> schemes.Scheme:
+    return schemes.get_scheme(self.position_encoding)
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def slope_factor(self) -> float:
+    return self.alibi_slope_factor or self.scheme.alibi_slope_factor
+
+
+def _err(field: str, value: Any, allowed: str) -> ValueError:
+  return ValueError(f'model.{field}={value!r} is invalid: {allowed}.')
+
+
+def validate_model_config(cfg: ModelConfig) -> ModelConfig:
+  """Checks every field; raises ValueError naming the field and what is allowed. Returns cfg."""
+  if cfg.position_encoding not in schemes.SCHEME_NAMES:
+    raise _err('position_encoding', cfg.position_encoding,
+               f'must be one of {", ".join(schemes.SCHEME_NAMES)}')
+  positive = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'ffn_size', 'max_intra',
+              'max_position', 'train_length', 'rope_original_length', 'block_size',
+              'dape_hidden', 'dapev2_kernel', 'fire_hidden', 't5_buckets', 't5_max_distance')
+  for field in positive:
+    value = getattr(cfg, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      raise _err(field, value, 'must be a positive integer')
+  for field in ('num_kv_heads', 'head_dim'):
+    value = getattr(cfg, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise _err(field, value, 'must be an integer >= 0 (0 = derived default)')
+  if cfg.head_dim == 0 and cfg.hidden_size % cfg.num_heads:
+    raise _err('hidden_size', cfg.hidden_size,
+               f'must be divisible by num_heads={cfg.num_heads} when head_dim=0')
+  if cfg.num_heads % cfg.kv_heads:
+    raise _err('num_kv_heads', cfg.num_kv_heads,
+               f'must divide num_heads={cfg.num_heads} (grouped-query attention)')
+  if cfg.scheme.rotary != 'none' and cfg.head_size % 2:
+    raise _err('head_dim', cfg.head_size, 'must be even for rotary encodings')
+  if not cfg.rms_eps > 0:
+    raise _err('rms_eps', cfg.rms_eps, 'must be > 0')
+  if not cfg.rope_base > 1:
+    raise _err('rope_base', cfg.rope_base, 'must be > 1')
+  if cfg.rope_scaling not in ROPE_SCALINGS:
+    raise _err('rope_scaling', cfg.rope_scaling, f'must be one of {ROPE_SCALINGS}')
+  if not cfg.rope_scaling_factor >= 1:
+    raise _err('rope_scaling_factor', cfg.rope_scaling_factor, 'must be >= 1')
+  if cfg.rope_log_scale and cfg.train_length < 2:
+    raise _err('train_length', cfg.train_length, 'must be >= 2 with rope_log_scale')
+  if not cfg.alibi_slope_factor >= 0:
+    raise _err('alibi_slope_factor', cfg.alibi_slope_factor, 'must be >= 0 (0 = default)')
+  if cfg.separators not in SEPARATOR_MODES:
+    raise _err('separators', cfg.separators, f'must be one of {SEPARATOR_MODES}')
+  bad = [i for i in cfg.separator_ids
+         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.vocab_size]
+  if bad:
+    raise _err('separator_ids', cfg.separator_ids,
+               f'ids {bad} are out of range: allowed 0..{cfg.vocab_size - 1}')
+  if cfg.separators == 'ids' and not cfg.separator_ids:
+    raise _err('separator_ids', cfg.separator_ids, "must not be empty with separators='ids'")
+  for field in ('bos_id', 'eos_id', 'pad_id'):
+    value = getattr(cfg, field)
+    if not -1 <= value < cfg.vocab_size:
+      raise _err(field, value, f'must be -1 (none) or in 0..{cfg.vocab_size - 1}')
+  if cfg.restart_at_documents and cfg.bos_id < 0:
+    raise _err('restart_at_documents', True, 'needs bos_id >= 0 (document starts are BOS)')
+  if cfg.mask_across_documents and cfg.bos_id < 0:
+    raise _err('mask_across_documents', True, 'needs bos_id >= 0 (document starts are BOS)')
+  if cfg.attention_impl not in attention.ATTENTION_IMPLS:
+    raise _err('attention_impl', cfg.attention_impl,
+               f'must be one of {attention.ATTENTION_IMPLS}')
+  if cfg.attention_impl == 'cudnn' and cfg.scheme.has_bias_or_transform:
+    raise _err('attention_impl', 'cudnn',
+               f'supports only encodings without bias or transform, not '
+               f'{cfg.position_encoding!r}; use blockwise or dense')
+  if cfg.dtype not in DTYPES:
+    raise _err('dtype', cfg.dtype, f'must be one of {DTYPES}')
+  if cfg.dapev2_kernel % 2 != 1:
+    raise _err('dapev2_kernel', cfg.dapev2_kernel, 'must be odd')
+  if cfg.t5_max_distance <= cfg.t5_buckets // 2:
+    raise _err('t5_max_distance', cfg.t5_max_distance,
+               f'must exceed t5_buckets / 2 = {cfg.t5_buckets // 2}')
+  return cfg
+
+
+def model_config_from_dict(model: Mapping[str, Any]) -> ModelConfig:
+  """`config.model` (ConfigDict or dict) -> validated ModelConfig.
+
+  Unknown keys are an error (typos would otherwise be silently ignored). separator_ids become a
+  tuple; with separators='official' and no ids, the official Llama ids (869, 13) are used
+  ('auto' ids are resolved from the tokenizer by the data pipeline before this call).
+  """
+  values = dict(model.to_dict() if hasattr(model, 'to_dict') else model)
+  known = {f.name for f in dataclasses.fields(ModelConfig)}
+  unknown = sorted(set(values) - known)
+  if unknown:
+    raise ValueError(f'unknown model config fields {unknown}; known fields: {sorted(known)}.')
+  ids = values.get('separator_ids', ())
+  if isinstance(ids, (int,)):
+    ids = (ids,)
+  values['separator_ids'] = tuple(int(i) for i in ids)
+  if values.get('separators') == 'official' and not values['separator_ids']:
+    values['separator_ids'] = OFFICIAL_SEPARATOR_IDS
+  return validate_model_config(ModelConfig(**values))
+
+
+def count_params(cfg: ModelConfig, batch: int = 1, length: int = 8) -> int:
+  """Number of parameters of `Transformer(cfg)`, from jax.eval_shape (nothing allocated)."""
+  from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  module = model_lib.Transformer(cfg)
+  tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+  shapes = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
+  leaves = jax.tree.leaves(shapes['params'])
+  return int(sum(math.prod(x.shape) for x in leaves))

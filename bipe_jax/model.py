@@ -1,0 +1,360 @@
+"""Llama-style decoder Transformer with every positional scheme of the registry.
+
+RMSNorm, SwiGLU MLP, grouped-query attention, untied embeddings, no biases in linear layers.
+The positional scheme (bipe_jax.schemes.Scheme) says which position stream feeds which hook:
+  input      token embeddings + sinusoidal / learned table of the token or intra stream,
+  rotary     RoPE on q and k by the token or inter stream (with PI / NTK / YaRN scaling),
+  bias       ALiBi / Kerple / FIRE / T5 bias from the token or inter stream, per attention block,
+  transform  DAPE V1 / V2 on (scores, bias) of all heads, per attention block.
+
+Parameter tree (docs/design.md; the checkpoint converter relies on these names):
+  embed/embedding [V, D], intra_embed/embedding [max_intra, D], abs_embed/embedding [max_pos, D],
+  layer_{i}/{attention_norm,mlp_norm}/scale [D],
+  layer_{i}/attention/{query,key,value}/kernel [D, H|G, Dh], layer_{i}/attention/out/kernel
+  [H, Dh, D], layer_{i}/attention/{kerple,fire,t5,dape}/..., layer_{i}/mlp/{gate,up}/kernel
+  [D, F], layer_{i}/mlp/down/kernel [F, D], final_norm/scale [D], lm_head/kernel [D, V].
+
+Decoding (`decode=True`, collection 'cache'). Create the cache with
+  `model.init(rng, jnp.zeros((B, max_len), jnp.int32), decode=True)['cache']`
+and then call `model.apply({'params': p, 'cache': c}, chunk_BxN, decode=True,
+mutable=['cache'])` with a prompt (prefill) or one token at a time. The cache holds, per layer,
+the keys (after RoPE) and values of every slot; at the top level the token ids of every slot,
+the position streams of every slot (so biases see all cached keys), the fill index, and the
+running bilevel state of the last valid token (inter, intra, separator flag, document). The
+streams are recomputed from the token ids with `bilevel_positions` over the whole buffer on each
+call (O(max_len) integer work, negligible next to attention), which makes the positions of a
+new token continue the prompt exactly as in a full forward pass (a token after a separator
+starts a new segment; padding is invisible). Passing `positions` with decode=True stores the
+given streams for the chunk instead.
+The caller keeps the total number of decoded tokens <= max_len (the fill index is traced, so an
+overflow cannot be detected inside jit; writes past the end would be clamped).
+DAPE V2 note: a convolution over keys with 'same' padding sees the sequence end; in decode the
+end is the cache length max_len, so decoded logits equal a full forward over max_len tokens.
+"""
+
+import functools
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from bipe_jax import attention as attention_lib
+from bipe_jax import positions as positions_lib
+from bipe_jax.config import ModelConfig
+from bipe_jax.encodings import absolute
+from bipe_jax.encodings import alibi
+from bipe_jax.encodings import dape
+from bipe_jax.encodings import fire
+from bipe_jax.encodings import kerple
+from bipe_jax.encodings import rope
+from bipe_jax.encodings import t5
+
+_INIT = nn.initializers.normal(stddev=0.02)  # Llama initializer_range
+
+
+@flax.struct.dataclass
+class Side:
+  """Positions of one side (queries or keys) of attention; every field is [B, N]."""
+  index: jax.Array  # causal index: position in the row, or cache slot
+  token: jax.Array
+  intra: jax.Array
+  inter: jax.Array
+  document: jax.Array
+  valid: jax.Array  # bool
+
+  @classmethod
+  def from_positions(cls, pos: positions_lib.BilevelPositions, index_BxN: jax.Array) -> 'Side':
+    return cls(index=index_BxN, token=pos.token, intra=pos.intra, inter=pos.inter,
+               document=pos.document, valid=pos.valid)
+
+  def stream(self, name: str) -> jax.Array:
+    return getattr(self, name)
+
+
+class RMSNorm(nn.Module):
+  """x / rms(x) * scale, statistics in float32; param 'scale' [D] (init 1)."""
+  eps: float = 1e-5
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    scale = self.param('scale', nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+                       (x_BxTxD.shape[-1],), jnp.float32)
+    x = x_BxTxD.astype(jnp.float32)
+    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+    return (y * scale).astype(self.dtype)
+
+
+class Projection(nn.Module):
+  """A bias-free linear map written as one einsum; param 'kernel' of `shape` (float32)."""
+  shape: tuple
+  axes: tuple
+  equation: str
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param('kernel', nn.with_logical_partitioning(_INIT, self.axes), self.shape,
+                        jnp.float32)
+    return jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+def _pure(make_module: Callable[..., nn.Module], name: str, *example_args) -> Callable:
+  """Creates `make_module(name=name)`'s params in the current scope (by one call on tiny
+  `example_args`) and returns a pure function with those params closed over.
+
+  Linen modules cannot be called inside `lax.scan` (the blockwise attention loop); the returned
+  function applies an unbound copy with explicit params, which can.
+  """
+  bound = make_module(name=name)
+  bound(*example_args)
+  params = bound.variables.get('params', {})
+  unbound = make_module(parent=None)
+  return lambda *args: unbound.apply({'params': params}, *args)
+
+
+class Attention(nn.Module):
+  """Multi-head / grouped-query self-attention with the scheme's rotary, bias and transform."""
+  config: ModelConfig
+  decode: bool = False
+
+  def _bias_fn(self) -> Optional[Callable]:
+    cfg, s = self.config, self.config.scheme
+    h = cfg.num_heads
+    pos1 = jnp.zeros((1, 1), jnp.int32)
+    if s.bias == 'alibi':
+      slopes = alibi.alibi_slopes(h)
+      return functools.partial(alibi.alibi_bias, slopes_H=slopes, slope_factor=cfg.slope_factor)
+    if s.bias == 'kerple':
+      return _pure(functools.partial(kerple.KerpleLogBias, h), 'kerple', pos1, pos1)
+    if s.bias == 'fire':
+      make = functools.partial(fire.FireBias, h, hidden=cfg.fire_hidden,
+                               init_L=float(cfg.train_length))
+      return _pure(make, 'fire', pos1, pos1)
+    if s.bias == 't5':
+      make = functools.partial(t5.T5RelativeBias, h, num_buckets=cfg.t5_buckets,
+                               max_distance=cfg.t5_max_distance)
+      return _pure(make, 't5', pos1, pos1)
+    return None
+
+  def _transform_fn(self) -> tuple:
+    """(transform_fn(scores, bias, q_pos, k_pos, k_in_range) or None, halo)."""
+    cfg, s = self.config, self.config.scheme
+    h = cfg.num_heads
+    s1 = jnp.zeros((1, h, 1, 1), jnp.float32)
+    pos1 = jnp.zeros((1, 1), jnp.int32)
+    if s.transform == 'dape_v1':
+      fn = _pure(functools.partial(dape.DapeV1, h, hidden=cfg.dape_hidden), 'dape', s1, s1)
+      return (lambda scores, bias, q_pos, k_pos, k_in_range: fn(scores, bias)), 0
+    if s.transform == 'dape_v2':
+      make = functools.partial(dape.DapeV2, h, hidden=cfg.dape_hidden,
+                               kernel_size=cfg.dapev2_kernel)
+      fn = _pure(make, 'dape', s1, s1, pos1, pos1, jnp.ones((1, 1), bool))
+      return fn, dape.dapev2_halo(cfg.dapev2_kernel)
+    return None, 0
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array, q_side: Side, k_side: Side,
+               cache_index: jax.Array) -> jax.Array:
+    cfg, scheme = self.config, self.config.scheme
+    h, g, dh, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.hidden_size
+    dtype = cfg.compute_dtype
+    proj = lambda n, shape, axes, eq: Projection(shape, axes, eq, dtype, name=n)
+    q = proj('query', (d, h, dh), ('embed', 'heads', 'head_dim'), 'btd,dhk->bhtk')(x_BxTxD)
+    k = proj('key', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
+    v = proj('value', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
+
+    if scheme.rotary != 'none':
+      rot_pos = q_side.stream(scheme.rotary)
+      inv_freq = rope.rope_inv_frequencies(dh, cfg.rope_base, cfg.rope_scaling,
+                                           cfg.rope_scaling_factor, cfg.rope_original_length)
+      mscale = rope.rope_attention_scale(cfg.rope_scaling, cfg.rope_scaling_factor)
+      if cfg.rope_log_scale:
+        q = q * rope.rope_log_scale(rot_pos, cfg.train_length)[:, None, :, None].astype(q.dtype)
+      q = rope.apply_rope(q, rot_pos, inv_freq, mscale)
+      k = rope.apply_rope(k, rot_pos, inv_freq, mscale)
+
+    if self.decode:
+      initialized = self.has_variable('cache', 'cached_key')
+      cached_k = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
+      cached_v = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
+      if initialized:
+        at = (0, 0, cache_index, 0)
+        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, at)
+        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, at)
+        k, v = cached_k.value, cached_v.value
+
+    bias_fn = self._bias_fn()
+    transform_fn, halo = self._transform_fn()
+    impl = cfg.attention_impl
+    if self.decode and impl == 'cudnn':
+      impl = 'dense'
+    kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, bias_fn=bias_fn,
+                  transform_fn=transform_fn)
+    if bias_fn is not None:
+      kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
+                    k_streams=k_side.stream(scheme.bias_stream))
+    if cfg.pad_id >= 0:
+      kwargs.update(k_valid=k_side.valid)
+    if cfg.mask_across_documents:
+      kwargs.update(q_document=q_side.document, k_document=k_side.document)
+    if impl == 'blockwise':
+      kwargs.update(block_size=cfg.block_size, transform_halo=halo)
+    if impl == 'cudnn':  # not decoding: causal indices are 0..T-1 in every row
+      kwargs.update(plain_causal=True)
+    out_BxHxTxDh = attention_lib.attention_fn(impl)(q, k, v, **kwargs)
+    out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
+                                              ('batch', 'heads', 'length', 'head_dim'))
+    return proj('out', (h, dh, d), ('heads', 'head_dim', 'embed'), 'bhtk,hkd->btd')(out_BxHxTxDh)
+
+
+class Mlp(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    cfg = self.config
+    d, f, dtype = cfg.hidden_size, cfg.ffn_size, cfg.compute_dtype
+    gate = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, name='gate')(x_BxTxD)
+    up = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, name='up')(x_BxTxD)
+    hidden_BxTxF = nn.with_logical_constraint(nn.silu(gate) * up, ('batch', 'length', 'mlp'))
+    return Projection((f, d), ('mlp', 'embed'), 'btf,fd->btd', dtype, name='down')(hidden_BxTxF)
+
+
+class DecoderLayer(nn.Module):
+  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  config: ModelConfig
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x_BxTxD, q_side: Side, k_side: Side, cache_index):
+    cfg = self.config
+    norm = lambda name: RMSNorm(cfg.rms_eps, cfg.compute_dtype, name=name)
+    x = x_BxTxD + Attention(cfg, self.decode, name='attention')(
+        norm('attention_norm')(x_BxTxD), q_side, k_side, cache_index)
+    x = x + Mlp(cfg, name='mlp')(norm('mlp_norm')(x))
+    return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+
+
+class Transformer(nn.Module):
+  """Decoder-only language model; __call__(tokens [B, T]) -> logits [B, T, V] float32."""
+  config: ModelConfig
+
+  def _tables(self):
+    cfg = self.config
+    sep = positions_lib.separator_table(cfg.vocab_size, cfg.separator_ids)
+    docs = None
+    if cfg.bos_id >= 0:
+      docs = positions_lib.separator_table(cfg.vocab_size, (cfg.bos_id,))
+    return sep, docs
+
+  def compute_positions(self, tokens_BxT: jax.Array) -> positions_lib.BilevelPositions:
+    """The position streams the model derives from token ids (config separators, BOS, pad)."""
+    cfg = self.config
+    sep, docs = self._tables()
+    return positions_lib.bilevel_positions(
+        tokens_BxT, sep, document_start_table_V=docs,
+        pad_id=cfg.pad_id if cfg.pad_id >= 0 else None,
+        restart_at_documents=cfg.restart_at_documents)
+
+  def _decode_sides(self, tokens_BxT, positions):
+    """Updates the top-level cache; returns (q_side, k_side, cache_index) for this chunk."""
+    b, t = tokens_BxT.shape
+    initialized = self.has_variable('cache', 'index')
+    index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
+    buf = self.variable('cache', 'tokens', jnp.zeros, (b, t), jnp.int32)
+    streams = ('token', 'intra', 'inter', 'document')
+    cached = {n: self.variable('cache', f'pos_{n}', jnp.zeros, (b, t), jnp.int32)
+              for n in streams}
+    cached_valid = self.variable('cache', 'pos_valid', jnp.zeros, (b, t), bool)
+    state = {n: self.variable('cache', f'last_{n}', jnp.zeros, (b,), jnp.int32)
+             for n in ('intra', 'inter', 'document')}
+    last_sep = self.variable('cache', 'last_is_separator', jnp.zeros, (b,), bool)
+    if not initialized:  # model.init(decode=True): create the cache, run a normal forward.
+      return None
+    start = index.value
+    max_len = buf.value.shape[1]
+    if t > max_len:
+      raise ValueError(f'decode: a chunk of {t} tokens does not fit the cache of {max_len} '
+                       f'slots; initialise the cache with a longer [B, max_len] batch.')
+    buf.value = jax.lax.dynamic_update_slice(buf.value, tokens_BxT.astype(jnp.int32),
+                                             (0, start))
+    if positions is None:
+      full = self.compute_positions(buf.value)
+      for n in streams:
+        cached[n].value = getattr(full, n)
+      cached_valid.value = full.valid
+    else:
+      for n in streams:
+        cached[n].value = jax.lax.dynamic_update_slice(
+            cached[n].value, getattr(positions, n).astype(jnp.int32), (0, start))
+      cached_valid.value = jax.lax.dynamic_update_slice(cached_valid.value, positions.valid,
+                                                        (0, start))
+    slot_BxL = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
+    k_side = Side(index=slot_BxL, token=cached['token'].value, intra=cached['intra'].value,
+                  inter=cached['inter'].value, document=cached['document'].value,
+                  valid=cached_valid.value)
+    chunk = lambda x: jax.lax.dynamic_slice_in_dim(x, start, t, axis=1)
+    q_side = jax.tree.map(chunk, k_side)
+    # Running bilevel state: the last valid token written so far (unchanged if none).
+    end = start + t
+    filled = cached_valid.value & (slot_BxL < end)
+    last = jnp.max(jnp.where(filled, slot_BxL, -1), axis=1)
+    has = last >= 0
+    at = lambda x: jnp.take_along_axis(x, jnp.maximum(last, 0)[:, None], axis=1)[:, 0]
+    for n in ('intra', 'inter', 'document'):
+      state[n].value = jnp.where(has, at(k_side.stream(n)), state[n].value)
+    sep, _ = self._tables()
+    last_sep.value = jnp.where(has, jnp.asarray(sep)[jnp.clip(at(buf.value), 0,
+                                                              sep.shape[0] - 1)],
+                               last_sep.value)
+    index.value = end
+    return q_side, k_side, start
+
+  @nn.compact
+  def __call__(self, tokens_BxT: jax.Array, *,
+               positions: Optional[positions_lib.BilevelPositions] = None,
+               decode: bool = False) -> jax.Array:
+    cfg, scheme = self.config, self.config.scheme
+    if tokens_BxT.ndim != 2:
+      raise ValueError(f'tokens must be [B, T], got shape {tokens_BxT.shape}.')
+    b, t = tokens_BxT.shape
+    dtype = cfg.compute_dtype
+
+    sides = self._decode_sides(tokens_BxT, positions) if decode else None
+    if sides is None:
+      pos = self.compute_positions(tokens_BxT) if positions is None else positions
+      index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+      q_side = k_side = Side.from_positions(pos, index)
+      cache_index = jnp.zeros((), jnp.int32)
+    else:
+      q_side, k_side, cache_index = sides
+
+    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,
+                     embedding_init=nn.with_logical_partitioning(_INIT, ('vocab', 'embed')),
+                     name='embed')
+    x = embed(tokens_BxT).astype(dtype)
+    if scheme.input != 'none':
+      stream = q_side.stream(scheme.input_stream)
+      if scheme.input == 'sinusoidal':
+        x = x + absolute.sinusoidal_embedding(stream, cfg.hidden_size).astype(dtype)
+      elif scheme.uses_learned_intra:
+        x = x + absolute.LearnedPositionEmbedding(
+            cfg.max_intra, cfg.hidden_size, zero_last_row=cfg.intra_zero_last_row, dtype=dtype,
+            name='intra_embed')(stream)
+      else:
+        x = x + absolute.LearnedPositionEmbedding(
+            cfg.max_position, cfg.hidden_size, dtype=dtype, name='abs_embed')(stream)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+
+    layer_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+    for i in range(cfg.num_layers):
+      x = layer_cls(cfg, decode, name=f'layer_{i}')(x, q_side, k_side, cache_index)
+    x = RMSNorm(cfg.rms_eps, dtype, name='final_norm')(x)
+    logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
+                      kernel_init=nn.with_logical_partitioning(_INIT, ('embed', 'vocab')),
+                      name='lm_head')(x)
+    return logits.astype(jnp.float32)

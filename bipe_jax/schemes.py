@@ -1,0 +1,107 @@
+"""The scheme registry: every `model.position_encoding` name as "which stream feeds which hook".
+
+Position streams (bipe_jax.positions): token (0..T-1), intra (offset in the segment), inter
+(segment index). Hooks (ARCHITECTURE.md):
+  input      add an absolute embedding of a stream to the token embeddings
+             ('none' | 'sinusoidal' | 'learned'), indexed by `input_stream`;
+  rotary     rotate q and k by a stream ('none' | 'token' | 'inter');
+  bias       an additive [B, H, Q, K] logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5'),
+             computed from `bias_stream` ('token' | 'inter');
+  transform  a function of (scores, bias) over all heads ('none' | 'dape_v1' | 'dape_v2').
+
+The model reads a `Scheme` and never branches on the name, so a new combination is one line here.
+"""
+
+import dataclasses
+from typing import Dict, Tuple
+
+INPUT_KINDS = ('none', 'sinusoidal', 'learned')
+STREAMS = ('token', 'intra', 'inter')
+ROTARY_KINDS = ('none', 'token', 'inter')
+BIAS_KINDS = ('none', 'alibi', 'kerple', 'fire', 't5')
+TRANSFORM_KINDS = ('none', 'dape_v1', 'dape_v2')
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+  """One positional scheme as hook settings.
+
+  Attributes:
+    name: the registry name.
+    input: absolute embedding added at the input ('none' | 'sinusoidal' | 'learned').
+    input_stream: the stream indexing it ('token' | 'intra'); learned(token) uses the
+      `abs_embed` table (size max_position), learned(intra) the `intra_embed` table (max_intra).
+    rotary: the stream RoPE rotates q and k by ('none' | 'token' | 'inter').
+    bias: additive logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5').
+    bias_stream: the stream the bias is a function of ('token' | 'inter').
+    transform: score transform over heads ('none' | 'dape_v1' | 'dape_v2').
+    alibi_slope_factor: slope multiplier used when `model.alibi_slope_factor` is 0 (96 for
+      BiPE-ALiBi, as the official code; 1 for ALiBi).
+  """
+  name: str
+  input: str = 'none'
+  input_stream: str = 'token'
+  rotary: str = 'none'
+  bias: str = 'none'
+  bias_stream: str = 'token'
+  transform: str = 'none'
+  alibi_slope_factor: float = 1.0
+
+  def __post_init__(self):
+    checks = (('input', self.input, INPUT_KINDS), ('input_stream', self.input_stream, STREAMS),
+              ('rotary', self.rotary, ROTARY_KINDS), ('bias', self.bias, BIAS_KINDS),
+              ('bias_stream', self.bias_stream, ('token', 'inter')),
+              ('transform', self.transform, TRANSFORM_KINDS))
+    for field, value, allowed in checks:
+      if value not in allowed:
+        raise ValueError(f'Scheme {self.name!r}: {field}={value!r} is not one of {allowed}.')
+    if self.transform != 'none' and self.bias == 'none':
+      raise ValueError(f'Scheme {self.name!r}: a DAPE transform needs a bias to adapt.')
+
+  @property
+  def uses_learned_intra(self) -> bool:
+    return self.input == 'learned' and self.input_stream == 'intra'
+
+  @property
+  def uses_learned_absolute(self) -> bool:
+    return self.input == 'learned' and self.input_stream == 'token'
+
+  @property
+  def has_bias_or_transform(self) -> bool:
+    return self.bias != 'none' or self.transform != 'none'
+
+
+def _bipe(name, **hooks):
+  return Scheme(name, input='learned', input_stream='intra', **hooks)
+
+
+_SCHEMES: Tuple[Scheme, ...] = (
+    Scheme('nope'),
+    Scheme('sinusoidal', input='sinusoidal', input_stream='token'),
+    Scheme('learned', input='learned', input_stream='token'),
+    Scheme('rope', rotary='token'),
+    Scheme('alibi', bias='alibi'),
+    Scheme('kerple', bias='kerple'),
+    Scheme('fire', bias='fire'),
+    Scheme('t5', bias='t5'),
+    Scheme('dape_alibi', bias='alibi', transform='dape_v1'),
+    Scheme('dape_kerple', bias='kerple', transform='dape_v1'),
+    Scheme('dape_fire', bias='fire', transform='dape_v1'),
+    Scheme('dapev2_kerple', bias='kerple', transform='dape_v2'),
+    _bipe('bipe_rope', rotary='inter'),
+    _bipe('bipe_alibi', bias='alibi', bias_stream='inter', alibi_slope_factor=96.0),
+    _bipe('bipe_kerple', bias='kerple', bias_stream='inter'),
+    _bipe('bipe_fire', bias='fire', bias_stream='inter'),
+    _bipe('bipe_dape_kerple', bias='kerple', bias_stream='inter', transform='dape_v1'),
+)
+
+SCHEMES: Dict[str, Scheme] = {s.name: s for s in _SCHEMES}
+SCHEME_NAMES: Tuple[str, ...] = tuple(SCHEMES)
+
+
+def get_scheme(name: str) -> Scheme:
+  """The Scheme registered under `name`; ValueError listing the valid names otherwise."""
+  if name not in SCHEMES:
+    raise ValueError(f'unknown position_encoding {name!r}; valid names are: '
+                     f'{", ".join(SCHEME_NAMES)}.')
+  return SCHEMES[name]
