@@ -1,0 +1,31 @@
+"""What `train/main.py` runs: start the distributed runtime, train, turn errors into one line.
+
+Exit codes: 0 done (or preempted with a checkpoint saved), 1 non-finite loss, 2 bad config
+or unusable checkpoint.
+"""
+
+import sys
+
+from bipe_jax.training import checkpointing
+from bipe_jax.training import config_validation
+from bipe_jax.training import distributed
+
+
+def run(config, workdir: str, *, coordinator_address: str = '', num_processes: int = 0,
+        process_id: int = -1) -> int:
+  """Trains (or resumes) `config` in `workdir`; returns the process exit code."""
+  try:
+    distributed.initialize(coordinator_address, num_processes, process_id)
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    return 2
+  from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  try:
+    trainer.train(config, workdir)
+  except (config_validation.ConfigError, checkpointing.IncompatibleCheckpointError) as e:
+    print(f'config error: {e}', file=sys.stderr, flush=True)
+    return 2
+  except trainer.NonFiniteLossError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    return 1
+  return 0

@@ -1,0 +1,151 @@
+"""Validate the whole config once at start, with one clear line per problem.
+
+`validate_config` checks the train / checkpoint / mesh sections against the devices and
+processes of this run and delegates the model section to `bipe_jax.config` (the model's own
+validation). `resolve_model_config` then fills `model.separator_ids` from the tokenizer
+(model.separators 'auto' | 'official' | 'ids') and checks the vocab sizes agree.
+Every error is a `ConfigError` (a ValueError) whose message names the field, its value and
+what is allowed.
+"""
+
+import math
+
+from bipe_jax import config as model_config_lib
+from bipe_jax.training import mesh as mesh_lib
+from bipe_jax.training import optimizer as optimizer_lib
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message is one line naming field and allowed values."""
+
+
+def _require(ok: bool, field: str, value, allowed: str):
+  if not ok:
+    raise ConfigError(f'{field}={value!r} is invalid: {allowed}')
+
+
+def _num(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_train(t) -> None:
+  """Checks config.train (no device information needed)."""
+  for name, minimum in (('steps', 1), ('batch_size', 1), ('warmup_steps', 0),
+                        ('grad_accum_steps', 1), ('log_every', 1), ('seed', 0),
+                        ('data_shards', 0)):
+    value = t[name]
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+             f'train.{name}', value, f'must be an integer >= {minimum}')
+  lr = t.learning_rate
+  _require(_num(lr) and lr >= 0, 'train.learning_rate', lr, 'must be a finite number >= 0')
+  _require(t.schedule in optimizer_lib.SCHEDULES, 'train.schedule', t.schedule,
+           f'must be one of {optimizer_lib.SCHEDULES}')
+  ratio = t.end_learning_rate_ratio
+  _require(_num(ratio) and 0 <= ratio <= 1, 'train.end_learning_rate_ratio', ratio,
+           'must be in [0, 1]')
+  _require(_num(t.weight_decay) and t.weight_decay >= 0, 'train.weight_decay', t.weight_decay,
+           'must be >= 0')
+  for name in ('b1', 'b2'):
+    _require(_num(t[name]) and 0 <= t[name] < 1, f'train.{name}', t[name], 'must be in [0, 1)')
+  _require(_num(t.eps) and t.eps > 0, 'train.eps', t.eps, 'must be > 0')
+  _require(_num(t.grad_clip) and t.grad_clip >= 0, 'train.grad_clip', t.grad_clip,
+           'must be >= 0 (0 = no clipping)')
+  _require(_num(t.peak_flops_per_device) and t.peak_flops_per_device > 0,
+           'train.peak_flops_per_device', t.peak_flops_per_device, 'must be > 0 (FLOP/s)')
+
+
+def validate_checkpoint(c) -> None:
+  for name in ('every_steps', 'keep'):
+    value = c[name]
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+             f'checkpoint.{name}', value, 'must be an integer >= 1')
+  _require(isinstance(c.async_save, bool), 'checkpoint.async_save', c.async_save,
+           'must be True or False')
+
+
+def validate_mesh(config, device_count: int) -> tuple[int, ...]:
+  """Checks the mesh against the device count and the global batch against the batch shards.
+
+  Returns the resolved mesh shape (data, fsdp, tensor).
+  """
+  m = config.mesh
+  for name in mesh_lib.MESH_AXES:
+    value = m[name]
+    _require(isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or value == -1),
+             f'mesh.{name}', value, 'must be a positive integer or -1 (fill with the rest)')
+  try:
+    shape = mesh_lib.resolve_mesh_shape((m.data, m.fsdp, m.tensor), device_count)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  t = config.train
+  shards = shape[0] * shape[1]
+  accum = t.grad_accum_steps
+  _require(t.batch_size % (shards * accum) == 0, 'train.batch_size', t.batch_size,
+           f'must be a multiple of the batch shards mesh.data*mesh.fsdp={shards} times '
+           f'train.grad_accum_steps={accum} (= {shards * accum})')
+  return shape
+
+
+def validate_data_shards(config, data_process_count: int) -> int:
+  """Checks train.data_shards against the data-loading processes; returns the shard count."""
+  t = config.train
+  data_shards = t.data_shards or data_process_count
+  _require(data_shards % data_process_count == 0, 'train.data_shards', t.data_shards,
+           f'must be a multiple of the {data_process_count} data-loading processes (or 0)')
+  _require(t.batch_size % data_shards == 0, 'train.batch_size', t.batch_size,
+           f'must be a multiple of the logical data shards train.data_shards={data_shards}')
+  return data_shards
+
+
+def validate_config(config, device_count: int) -> None:
+  """Validates every section once at start. Raises ConfigError (one line)."""
+  for name in ('model', 'data', 'train', 'checkpoint', 'mesh'):
+    if name not in config:
+      raise ConfigError(f'config has no section {name!r}; build configs from configs/base.py')
+  try:
+    model_config_lib.model_config_from_dict(config.model)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  seq_len = config.data.seq_len
+  _require(isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len >= 2,
+           'data.seq_len', seq_len, 'must be an integer >= 2')
+  validate_train(config.train)
+  validate_checkpoint(config.checkpoint)
+  validate_mesh(config, device_count)
+
+
+def resolve_model_config(config, tokenizer) -> model_config_lib.ModelConfig:
+  """The ModelConfig with separator ids resolved from the tokenizer; checks the vocab size.
+
+  model.separators: 'auto' (tokenizer rule) or 'official' ({869, 13}) fill
+  model.separator_ids (also written back into `config.model`); 'ids' keeps the given ids.
+  """
+  vocab = tokenizer.vocab_size
+  if config.model.vocab_size != vocab:
+    raise ConfigError(
+        f'model.vocab_size={config.model.vocab_size} does not match the tokenizer '
+        f'{getattr(tokenizer, "path", "")} (vocab_size {vocab}): allowed model.vocab_size={vocab}'
+        f' (or a tokenizer with that vocabulary, data.tokenizer_vocab_size)')
+  mode = config.model.separators
+  if mode not in model_config_lib.SEPARATOR_MODES:
+    raise ConfigError(f'model.separators={mode!r} is invalid: must be one of '
+                      f'{model_config_lib.SEPARATOR_MODES}')
+  if mode != 'ids':
+    try:
+      ids = tuple(int(i) for i in tokenizer.separator_ids(mode))
+    except ValueError as e:
+      raise ConfigError(f'model.separators={mode!r}: {e}') from None
+    with config.unlocked() if hasattr(config, 'unlocked') else _null():
+      config.model.separator_ids = ids
+  try:
+    return model_config_lib.model_config_from_dict(config.model)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+class _null:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *args):
+    return False

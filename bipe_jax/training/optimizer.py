@@ -1,0 +1,61 @@
+"""AdamW with warmup then linear (the paper's) or cosine decay, global-norm clipping and
+weight decay on matrices only (norm scales and other vectors are not decayed).
+
+Gradient accumulation is done inside the train step (a scan over micro-batches, see
+`train_step.py`), so the optimizer sees one update per step and its schedule counts steps.
+bfloat16 compute with float32 master weights is `model.dtype='bfloat16'`: parameters, and
+so the optimizer state, stay float32.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ('linear', 'cosine', 'constant')
+
+
+def learning_rate_schedule(train_config) -> optax.Schedule:
+  """lr(step) for the update that produces step `step + 1` (step counts from 0).
+
+  Warmup: lr * (step + 1) / warmup_steps for step < warmup_steps (the first update is not
+  zero). Then decay to `end_learning_rate_ratio * lr` at `train.steps`: linear (polynomial
+  power 1, as the paper) or cosine. Constant after `train.steps`.
+  """
+  peak = float(train_config.learning_rate)
+  warmup = int(train_config.warmup_steps)
+  total = int(train_config.steps)
+  end = peak * float(train_config.end_learning_rate_ratio)
+  kind = train_config.schedule
+  if kind not in SCHEDULES:
+    raise ValueError(f'train.schedule={kind!r} is invalid: must be one of {SCHEDULES}')
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    warm = peak * jnp.minimum(1.0, (step + 1.0) / max(warmup, 1))
+    frac = jnp.clip((step - warmup) / max(total - warmup, 1), 0.0, 1.0)
+    if kind == 'linear':
+      decayed = peak + (end - peak) * frac
+    elif kind == 'cosine':
+      decayed = end + 0.5 * (peak - end) * (1.0 + jnp.cos(jnp.pi * frac))
+    else:
+      decayed = jnp.asarray(peak, jnp.float32)
+    return jnp.where(step < warmup, warm, decayed)
+
+  return schedule
+
+
+def decay_mask(params):
+  """True for parameters that get weight decay: matrices and embedding tables (ndim >= 2)."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(train_config) -> optax.GradientTransformation:
+  """Clip by global norm (if grad_clip > 0), then AdamW with the schedule above."""
+  parts = []
+  if float(train_config.grad_clip) > 0:
+    parts.append(optax.clip_by_global_norm(float(train_config.grad_clip)))
+  parts.append(optax.adamw(
+      learning_rate=learning_rate_schedule(train_config),
+      b1=float(train_config.b1), b2=float(train_config.b2), eps=float(train_config.eps),
+      weight_decay=float(train_config.weight_decay), mask=decay_mask))
+  return optax.chain(*parts)

@@ -1,0 +1,85 @@
+"""The loss and one jit-compiled, sharded training step (with optional grad accumulation)."""
+
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import PartitionSpec as P
+
+from bipe_jax.training import mesh as mesh_lib
+from bipe_jax.training.train_state import TrainState
+
+
+def next_token_nll(logits_BxTxV: jax.Array, tokens_BxT: jax.Array,
+                   pad_id: int = -1) -> tuple[jax.Array, jax.Array]:
+  """(sum of NLL, number of scored targets), float32.
+
+  Targets are tokens[:, 1:], predicted from logits[:, :-1]; a target equal to `pad_id`
+  (when pad_id >= 0) is not scored. The mean loss is sum / count.
+  """
+  logits = logits_BxTxV[:, :-1].astype(jnp.float32)
+  targets = tokens_BxT[:, 1:]
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = log_z - target_logit
+  valid = (targets != pad_id) if pad_id >= 0 else jnp.ones_like(targets, bool)
+  return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid).astype(jnp.float32)
+
+
+def train_step(state: TrainState, batch: dict, *, model: nn.Module,
+               tx: optax.GradientTransformation, schedule: Callable, grad_accum_steps: int = 1,
+               pad_id: int = -1) -> tuple[TrainState, dict]:
+  """One optimizer update on a global batch {'tokens': int32 [B, T]}.
+
+  With grad_accum_steps = A > 1 the batch is split into A micro-batches (rows r with
+  r % A == j form micro-batch j, so each stays spread over all data shards) and the summed
+  gradients of a lax.scan are divided by the total target count: the update equals the
+  A = 1 update up to float rounding.
+  """
+  tokens = batch['tokens']
+
+  def loss_sum(params, tokens_bxT):
+    logits = model.apply({'params': params}, tokens_bxT)
+    return next_token_nll(logits, tokens_bxT, pad_id)
+
+  grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
+  if grad_accum_steps == 1:
+    (nll_sum, count), grads = grad_fn(state.params, tokens)
+  else:
+    a = grad_accum_steps
+    micro = tokens.reshape(tokens.shape[0] // a, a, tokens.shape[1]).swapaxes(0, 1)
+    micro = jax.lax.with_sharding_constraint(micro, P(None, mesh_lib.BATCH_AXES, None))
+
+    def body(carry, tokens_bxT):
+      (nll_i, count_i), grads_i = grad_fn(state.params, tokens_bxT)
+      acc_grads, acc_nll, acc_count = carry
+      return (jax.tree.map(jnp.add, acc_grads, grads_i), acc_nll + nll_i,
+              acc_count + count_i), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    (grads, nll_sum, count), _ = jax.lax.scan(
+        body, (zeros, jnp.float32(0), jnp.float32(0)), micro)
+  denom = jnp.maximum(count, 1.0)
+  grads = jax.tree.map(lambda g: g / denom, grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {'loss': nll_sum / denom, 'grad_norm': optax.global_norm(grads),
+             'learning_rate': schedule(state.step), 'targets': count}
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, metrics
+
+
+def make_train_step(model, tx, schedule, mesh, shardings: TrainState, *,
+                    grad_accum_steps: int = 1, pad_id: int = -1):
+  """The jitted step: in/out shardings on `mesh`, the incoming state donated.
+
+  Call it inside `train_state.mesh_context(mesh)` (the model's logical constraints need the
+  mesh and the rules while tracing).
+  """
+  fn = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                         grad_accum_steps=grad_accum_steps, pad_id=pad_id)
+  return jax.jit(fn, in_shardings=(shardings, {'tokens': mesh_lib.batch_sharding(mesh)}),
+                 out_shardings=(shardings, mesh_lib.replicated(mesh)), donate_argnums=0)

@@ -1,0 +1,225 @@
+"""The training loop: validate, build, restore or initialise, step, log, checkpoint.
+
+    result = train(config, workdir)
+
+Order of work per step N: fetch this process's rows, assemble the global batch, dispatch
+step N, and only then fetch step N-1's scalars (so the host never waits for the device
+except at checkpoints). Before a checkpoint the step's own scalars are checked, so a saved
+checkpoint never holds a state reached through a NaN/Inf loss. A non-finite loss stops the
+run with `NonFiniteLossError` and the last good checkpoint stays the latest one.
+
+Preemption: SIGTERM (single process) or JAX's preemption sync point (multi-process) makes
+the loop save a checkpoint at the step it has reached and return cleanly.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import threading
+from typing import Callable, Optional
+
+import flax.linen as nn
+import jax
+from absl import logging
+from jax.experimental import multihost_utils
+
+from bipe_jax.training import checkpointing
+from bipe_jax.training import config_validation
+from bipe_jax.training import data_loading
+from bipe_jax.training import flops as flops_lib
+from bipe_jax.training import mesh as mesh_lib
+from bipe_jax.training import optimizer as optimizer_lib
+from bipe_jax.training import progress
+from bipe_jax.training import train_state as train_state_lib
+from bipe_jax.training import train_step as train_step_lib
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or gradient norm became NaN/Inf; the message says which step and checkpoint."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+  step: int  # the step the run reached
+  start_step: int  # the step it resumed from (0 = fresh)
+  losses: dict  # {step: loss} of the steps this call ran
+  preempted: bool
+  checkpoint_steps: list
+
+
+class _Preemption:
+  """SIGTERM -> a flag the loop polls (single process); JAX's sync point on multi-host."""
+
+  def __init__(self, checkpointer: checkpointing.Checkpointer):
+    self._flag = threading.Event()
+    self._checkpointer = checkpointer
+    self._previous = None
+    self._multi = jax.process_count() > 1
+    if not self._multi and threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._flag.set())
+
+  def reached(self, step: int) -> bool:
+    if self._multi:
+      return self._checkpointer.reached_preemption(step)
+    return self._flag.is_set()
+
+  def close(self):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _barrier(name: str):
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def _default_data(config):
+  """(make_iterator, model_config) from the data pipeline: prepare, tokenizer, separators."""
+  from bipe_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  try:  # the data pipeline's ValueErrors are about config.data (missing dataset, bad path)
+    if jax.process_index() == 0:
+      data_lib.prepare(config.data)
+    _barrier('bipe_jax_prepare')
+    if jax.process_index() != 0:
+      data_lib.prepare(config.data)
+    tokenizer = data_lib.get_tokenizer(config.data)
+  except ValueError as e:
+    raise config_validation.ConfigError(' '.join(str(e).split())) from None
+  model_config = config_validation.resolve_model_config(config, tokenizer)
+  return data_lib.make_train_iterator, model_config
+
+
+def _check_finite(step: int, scalars: dict, last_good: Optional[int], directory: str):
+  loss, grad_norm = float(scalars['loss']), float(scalars['grad_norm'])
+  if math.isfinite(loss) and math.isfinite(grad_norm):
+    return
+  kept = (f'the last good checkpoint is step {last_good} in {directory}' if last_good is not None
+          else 'no checkpoint was saved yet')
+  raise NonFiniteLossError(
+      f'loss is {loss} (gradient norm {grad_norm}) at step {step}: stopping; {kept}. '
+      f'Lower train.learning_rate, raise train.warmup_steps or check the data.')
+
+
+def train(config, workdir: str, *, model: Optional[nn.Module] = None,
+          make_iterator: Optional[Callable] = None) -> TrainResult:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
+
+  Args:
+    config: the ml_collections config (configs/base.py sections).
+    workdir: checkpoints, TensorBoard events, metrics.jsonl and config.json go here.
+    model: a linen module mapping tokens [B, T] -> logits [B, T, V]; default the project's
+      Transformer built from config.model (separators resolved from the tokenizer).
+    make_iterator: `(data_config, rows, shard, num_shards) -> iterator` with
+      get_state/set_state; default `bipe_jax.data.make_train_iterator`.
+  Raises:
+    config_validation.ConfigError: a bad config value (one line).
+    NonFiniteLossError: the loss became NaN/Inf.
+  """
+  config = config.copy_and_resolve_references()
+  config_validation.validate_config(config, jax.device_count())
+  mesh = mesh_lib.make_mesh(config.mesh)
+  t = config.train
+  seq_len = int(config.data.seq_len)
+  data_slice = mesh_lib.process_data_shard(mesh, t.batch_size)
+  num_shards = config_validation.validate_data_shards(config, data_slice[1])
+
+  model_config = None
+  if make_iterator is None:
+    make_iterator, model_config = _default_data(config)
+  if model is None:
+    from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+    from bipe_jax import config as model_config_lib  # pylint: disable=g-import-not-at-top
+    model_config = model_config or model_config_lib.model_config_from_dict(config.model)
+    model = model_lib.Transformer(model_config)
+  pad_id = int(config.model.pad_id)
+
+  is_main = jax.process_index() == 0
+  if is_main:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+      f.write(config.to_json_best_effort(indent=2) if hasattr(config, 'to_json_best_effort')
+              else json.dumps(dict(config), indent=2, default=str))
+
+  tx = optimizer_lib.make_optimizer(t)
+  schedule = optimizer_lib.learning_rate_schedule(t)
+  abstract, shardings = train_state_lib.state_shardings(model, tx, mesh, seq_len)
+  ckpt_dir = config.checkpoint.dir or os.path.join(workdir, 'checkpoints')
+  checkpointer = checkpointing.Checkpointer(
+      ckpt_dir, every_steps=config.checkpoint.every_steps, keep=config.checkpoint.keep,
+      async_save=config.checkpoint.async_save)
+  preemption = _Preemption(checkpointer)  # SIGTERM from here on: save at the next step
+  logger = None
+  try:
+    loader = data_loading.ShardedDataLoader(
+        make_iterator, config.data, global_batch_size=t.batch_size, num_shards=num_shards,
+        process_slice=data_slice)
+
+    logger = progress.ProgressLogger(
+        workdir, total_steps=t.steps, tokens_per_step=t.batch_size * seq_len,
+        flops_per_token=flops_lib.train_flops_per_token(model_config or config.model, seq_len),
+        peak_flops=t.peak_flops_per_device * (
+            jax.process_count() if jax.devices()[0].platform == 'cpu' else jax.device_count()),
+        log_every=t.log_every, enabled=is_main)
+
+    logging.info('built data loader and checkpointer; restoring')
+    restored = checkpointer.restore_latest(
+        train_state_lib.abstract_with_shardings(abstract, shardings))
+    if restored is not None:
+      start_step, state, data_state = restored
+      if data_state is not None:  # None: a converted checkpoint, no data position yet
+        loader.set_state(data_state)
+      logger.event(f'resumed from checkpoint step {start_step} in {ckpt_dir}')
+    else:
+      state, _ = train_state_lib.create_train_state(model, tx, mesh, seq_len, t.seed)
+      start_step = 0
+    logging.info('train state ready')
+    logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
+                 f'{jax.process_count()} processes; training steps {start_step + 1}..{t.steps}')
+    step_fn = train_step_lib.make_train_step(
+        model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps, pad_id=pad_id)
+
+    losses = {}
+    saved = [s for s in checkpointer.all_steps()]
+    last_good = start_step if restored is not None else None
+    pending = None  # (step, device scalars) dispatched but not yet fetched
+    preempted = False
+    step = start_step
+
+    def fetch(item):
+      s, device_scalars = item
+      scalars = jax.device_get(device_scalars)
+      _check_finite(s, scalars, last_good, ckpt_dir)
+      losses[s] = float(scalars['loss'])
+      logger.record(s, scalars)
+
+    with train_state_lib.mesh_context(mesh):
+      for step in range(start_step + 1, t.steps + 1):
+        batch = mesh_lib.global_batch(next(loader), mesh, t.batch_size)
+        state, scalars = step_fn(state, batch)
+        if pending is not None:
+          fetch(pending)
+        elif step == start_step + 1:
+          logging.info('first step dispatched')
+        pending = (step, scalars)
+        preempted = preemption.reached(step)
+        if step % config.checkpoint.every_steps == 0 or step == t.steps or preempted:
+          fetch(pending)
+          pending = None
+          if checkpointer.save(step, state, loader.get_state(), force=True):
+            saved.append(step)
+          last_good = step
+        if preempted:
+          logger.event(f'preempted (SIGTERM) at step {step}: checkpoint saved in {ckpt_dir}; '
+                       f'exiting. Run the same command to resume.')
+          break
+      if pending is not None:
+        fetch(pending)
+  finally:
+    preemption.close()
+    checkpointer.close()
+    if logger is not None:
+      logger.close()
+  return TrainResult(step=step, start_step=start_step, losses=losses, preempted=preempted,
+                     checkpoint_steps=saved)

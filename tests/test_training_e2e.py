@@ -1,0 +1,267 @@
+"""End-to-end tests of `train/main.py` in subprocesses (JAX device flags set before import).
+
+One module-scoped single-device baseline run (N steps, constant learning rate so runs with
+other `train.steps` share the same per-step updates) is the reference for:
+- 8 fake CPU devices, mesh data=2 fsdp=2 tensor=2;
+- two processes on 127.0.0.1 (jax.distributed, gloo), each with 2 fake devices;
+- a run stopped by SIGTERM and one killed by SIGKILL after a checkpoint, each restarted;
+- checkpoints restored across meshes (1 -> 8 devices, then 8 -> 1).
+The data is a small generated text folder (dataset=text_folder) with a 320-piece tokenizer,
+prepared once by the baseline run; `train.data_shards=2` makes the global batches identical
+for one or two processes.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import portpicker
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN = os.path.join(ROOT, 'train', 'main.py')
+N = 120  # baseline steps
+EVERY = 30  # checkpoint interval
+WORDS = ('the a model token segment position sentence encoding length train test data value '
+         'code line word').split()
+
+
+def write_text_folder(path):
+  rng = np.random.default_rng(0)
+  os.makedirs(path, exist_ok=True)
+  for d in range(60):
+    lines = []
+    for _ in range(rng.integers(5, 20)):
+      sentence = ' '.join(rng.choice(WORDS, rng.integers(3, 10)))
+      lines.append(sentence.capitalize() + str(rng.choice(['.', '!', '?', ','])))
+    with open(os.path.join(path, f'doc{d:03d}.txt'), 'w', encoding='utf-8') as f:
+      f.write('\n'.join(lines) + '\n')
+
+
+@contextlib.contextmanager
+def file_lock(path):
+  with open(path, 'w', encoding='utf-8') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope='module')
+def dirs(tmp_path_factory):
+  """A directory shared by the pytest-xdist workers of this session (one baseline for all).
+
+  Grouping with xdist_group is not relied on: pytest 9.2 + xdist 3.8 ignore it (xdist #1386).
+  """
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent
+  base = root / 'training_e2e_shared'
+  base.mkdir(exist_ok=True)
+  with file_lock(str(base / '.lock')):
+    if not (base / 'text').is_dir():
+      write_text_folder(str(base / 'tmp_text'))
+      os.rename(base / 'tmp_text', base / 'text')
+  return base
+
+
+def cli_args(dirs, workdir, *extra):
+  return [sys.executable, MAIN, '--config=configs/tiny.py', f'--workdir={workdir}',
+          '--config.model.vocab_size=320', '--config.model.hidden_size=32',
+          '--config.model.num_layers=2', '--config.model.num_heads=4',
+          '--config.model.ffn_size=64', '--config.model.max_intra=32',
+          '--config.model.max_position=32', '--config.model.block_size=16',
+          '--config.data.seq_len=32', '--config.data.dataset=text_folder',
+          f'--config.data.text_dir={dirs / "text"}', f'--config.data.data_dir={dirs / "data"}',
+          '--config.data.tokenizer_vocab_size=320', '--config.train.batch_size=8',
+          f'--config.train.steps={N}', '--config.train.schedule=constant',
+          '--config.train.warmup_steps=2', '--config.train.log_every=1',
+          f'--config.checkpoint.every_steps={EVERY}', '--config.train.data_shards=2',
+          *extra]
+
+
+def cli_env(dirs, devices=1):
+  env = dict(os.environ)
+  env.update(JAX_PLATFORMS='cpu', JAX_COMPILATION_CACHE_DIR=str(dirs / 'jax_cache'),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  return env
+
+
+def run_cli(dirs, workdir, *extra, devices=1, expect=0):
+  proc = subprocess.run(cli_args(dirs, workdir, *extra), cwd=ROOT, env=cli_env(dirs, devices),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc
+
+
+def read_losses(workdir) -> dict:
+  """{step: loss} from metrics.jsonl; a step logged twice (re-run after a kill) must agree."""
+  losses = {}
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    for line in f:
+      row = json.loads(line)
+      if row['step'] in losses:
+        np.testing.assert_allclose(row['loss'], losses[row['step']], rtol=1e-6)
+      losses[row['step']] = row['loss']
+  return losses
+
+
+def checkpoint_steps(workdir) -> list:
+  path = os.path.join(workdir, 'checkpoints')
+  return sorted(int(n) for n in os.listdir(path) if n.isdigit())
+
+
+def assert_losses_match(got, want, steps, rtol=1e-6):
+  missing = [s for s in steps if s not in got]
+  assert not missing, f'steps {missing} were not logged'
+  np.testing.assert_allclose([got[s] for s in steps], [want[s] for s in steps], rtol=rtol)
+
+
+@pytest.fixture(scope='module')
+def baseline(dirs):
+  """The uninterrupted single-device run (made once per session, under a lock)."""
+  workdir = str(dirs / 'baseline')
+  with file_lock(str(dirs / '.baseline.lock')):
+    if not os.path.exists(os.path.join(workdir, 'DONE')):
+      shutil.rmtree(workdir, ignore_errors=True)
+      proc = run_cli(dirs, workdir)
+      assert "mesh {'data': 1" in proc.stdout and f'step {N}/{N}' in proc.stdout
+      open(os.path.join(workdir, 'DONE'), 'w', encoding='utf-8').close()
+  losses = read_losses(workdir)
+  assert sorted(losses) == list(range(1, N + 1))
+  assert losses[N] < losses[1] - 1.0  # it learns
+  return workdir, losses
+
+
+def copy_checkpoint(src_workdir, step, dst_workdir):
+  """A new workdir holding only checkpoint `step` of `src_workdir`."""
+  os.makedirs(os.path.join(dst_workdir, 'checkpoints'))
+  shutil.copytree(os.path.join(src_workdir, 'checkpoints', str(step)),
+                  os.path.join(dst_workdir, 'checkpoints', str(step)))
+
+
+def test_eight_devices_reproduce_single_device_losses(dirs, baseline):
+  _, want = baseline
+  workdir = str(dirs / 'mesh8')
+  proc = run_cli(dirs, workdir, '--config.train.steps=6', '--config.mesh.data=2',
+                 '--config.mesh.fsdp=2', '--config.mesh.tensor=2', devices=8)
+  assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2} on 8 devices" in proc.stdout
+  assert_losses_match(read_losses(workdir), want, range(1, 7), rtol=2e-5)
+
+
+def test_two_processes_reproduce_single_process_losses(dirs, baseline):
+  _, want = baseline
+  workdir = str(dirs / 'two_processes')
+  port = portpicker.pick_unused_port()
+  procs = []
+  start = time.perf_counter()
+  for pid in range(2):
+    args = cli_args(dirs, workdir, '--config.train.steps=6',
+                    f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+                    f'--process_id={pid}')
+    procs.append(subprocess.Popen(args, cwd=ROOT, env=cli_env(dirs, devices=2),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  outputs = []
+  try:
+    for p in procs:
+      outputs.append(p.communicate(timeout=300)[0])
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  wall = time.perf_counter() - start
+  print(f'two-process CLI run wall time: {wall:.1f}s')
+  assert [p.returncode for p in procs] == [0, 0], '\n'.join(o[-3000:] for o in outputs)
+  assert 'on 4 devices, 2 processes' in outputs[0]
+  assert 'step 6/' in outputs[0] and 'step 6/' not in outputs[1]  # process 0 logs
+  assert_losses_match(read_losses(workdir), want, range(1, 7), rtol=2e-5)
+  assert checkpoint_steps(workdir) == [6]
+  names = sorted(os.listdir(os.path.join(workdir, 'checkpoints', '6', 'data')))
+  assert [n for n in names if n.startswith('process_')] == ['process_0-of-2.json',
+                                                           'process_1-of-2.json']
+
+
+def _start_and_signal(dirs, workdir, ready, sig):
+  """Starts the CLI, waits until `ready()` and sends `sig`; returns (returncode, output)."""
+  proc = subprocess.Popen(cli_args(dirs, workdir), cwd=ROOT, env=cli_env(dirs),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 300
+  try:
+    while not ready() and proc.poll() is None and time.time() < deadline:
+      time.sleep(0.005)
+    proc.send_signal(sig)
+    out = proc.communicate(timeout=300)[0]
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  return proc.returncode, out
+
+
+def _logged_step(workdir):
+  try:
+    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      lines = f.read().splitlines()
+    return json.loads(lines[-1])['step'] if lines else 0
+  except (OSError, ValueError):
+    return 0
+
+
+def test_sigterm_saves_and_the_same_command_resumes(dirs, baseline):
+  _, want = baseline
+  workdir = str(dirs / 'sigterm')
+  rc, out = _start_and_signal(dirs, workdir, lambda: _logged_step(workdir) >= 3, signal.SIGTERM)
+  assert rc == 0, out[-3000:]
+  assert 'preempted (SIGTERM) at step' in out, out[-3000:]
+  stopped = checkpoint_steps(workdir)[-1]
+  assert 3 <= stopped < N and stopped == _logged_step(workdir)
+  proc = run_cli(dirs, workdir)
+  assert f'resumed from checkpoint step {stopped}' in proc.stdout
+  assert_losses_match(read_losses(workdir), want, range(1, N + 1))
+
+
+def test_sigkill_after_checkpoint_resumes_from_it(dirs, baseline):
+  _, want = baseline
+  workdir = str(dirs / 'sigkill')
+  ckpt = os.path.join(workdir, 'checkpoints', str(EVERY))
+  rc, _ = _start_and_signal(dirs, workdir, lambda: os.path.isdir(ckpt), signal.SIGKILL)
+  assert rc == -signal.SIGKILL
+  killed_at = _logged_step(workdir)
+  assert killed_at < N, 'the run finished before it was killed'
+  proc = run_cli(dirs, workdir)
+  resumed = int(proc.stdout.split('resumed from checkpoint step ')[1].split()[0])
+  assert EVERY <= resumed <= killed_at
+  assert_losses_match(read_losses(workdir), want, range(1, N + 1))
+
+
+def test_checkpoints_restore_across_mesh_shapes(dirs, baseline):
+  src, want = baseline
+  first = checkpoint_steps(src)[0]
+  to8 = str(dirs / 'one_to_eight')
+  copy_checkpoint(src, first, to8)
+  proc = run_cli(dirs, to8, f'--config.train.steps={first + 4}', '--config.mesh.data=2',
+                 '--config.mesh.fsdp=2', '--config.mesh.tensor=2', devices=8)
+  assert f'resumed from checkpoint step {first}' in proc.stdout
+  assert_losses_match(read_losses(to8), want, range(first + 1, first + 5), rtol=2e-5)
+  to1 = str(dirs / 'eight_to_one')
+  copy_checkpoint(to8, first + 4, to1)
+  proc = run_cli(dirs, to1, f'--config.train.steps={first + 8}')
+  assert f'resumed from checkpoint step {first + 4}' in proc.stdout
+  assert_losses_match(read_losses(to1), want, range(first + 5, first + 9), rtol=2e-5)
+
+
+def test_bad_config_value_stops_with_one_line(dirs):
+  proc = run_cli(dirs, str(dirs / 'bad'), '--config.train.learning_rate=-0.1', expect=2)
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith('config error: train.learning_rate=-0.1 is invalid'), proc.stderr

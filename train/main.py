@@ -1,0 +1,40 @@
+"""Train a model: `python train/main.py --config=configs/tiny.py --workdir=DIR [--config.x=y]`.
+
+Running the same command again resumes from the workdir's latest checkpoint. Multi-host:
+add --coordinator_address=host:port --num_processes=N --process_id=i on every process
+(automatic on Cloud TPU and SLURM). All logic lives in bipe_jax.training.
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)  # so config files can `from configs import base`
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py).',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', '',
+                                   'host:port of process 0 (multi-process runs).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', 0, 'Number of processes.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', -1, 'This process index.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  del argv
+  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax) only when asked
+    logging.set_verbosity(logging.WARNING)
+  from bipe_jax.training import cli  # pylint: disable=g-import-not-at-top
+  sys.exit(cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
+                   num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value))
+
+
+if __name__ == '__main__':
+  app.run(main)
