@@ -1,0 +1,256 @@
+"""Convert checkpoints between the Hugging Face Llama format and bipe_jax workdirs.
+
+    python -m bipe_jax.convert --from HF_DIR --to WORKDIR        # HF Llama / BiPE -> bipe_jax
+    python -m bipe_jax.convert --from WORKDIR --to HF_DIR        # bipe_jax -> HF Llama
+
+The direction is detected from `--from` (a Hugging Face folder has a config.json with
+`hidden_size`; a workdir has a config.json with a `model` section and `checkpoints/`).
+
+HF -> bipe_jax writes a workdir like the ones train/main.py writes, so `eval/perplexity.py
+--workdir=WORKDIR` and `eval/generate.py --workdir=WORKDIR` accept it:
+  WORKDIR/config.json          the full config (configs/base.py sections, model fields mapped)
+  WORKDIR/config.py            `get_config()` returning config.json (for train/main.py --config)
+  WORKDIR/checkpoints/0/       Orbax checkpoint of the train state at step 0: the converted
+                               parameters, a fresh optimizer state, and an empty data state
+  WORKDIR/tokenizer.model      copied when the folder has one (data.tokenizer_path points to it)
+The parameters are float32 (the released checkpoints are float16; conversion is exact).
+
+bipe_jax -> HF writes config.json + model.safetensors: a standard `LlamaForCausalLM` for `rope`
+models; bipe_rope / alibi / bipe_alibi in the official BiPE format (rpe_type, train_scale,
+model.embeds.0.weight) for the official PyTorch code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from typing import Optional, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from bipe_jax import config as model_config_lib
+from bipe_jax.interop import hf_files
+from bipe_jax.interop import hf_llama
+
+CONFIG_PY = '''"""Config of a checkpoint converted by bipe_jax.convert: returns config.json beside this file.
+
+  python train/main.py --config={path} --workdir={workdir}
+"""
+
+import json
+import os
+
+import ml_collections
+
+
+def get_config():
+  with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config.json')) as f:
+    return ml_collections.ConfigDict(json.load(f))
+'''
+
+
+def _base_config() -> ml_collections.ConfigDict:
+  """configs/base.py's get_base_config() (the `configs` package sits beside `bipe_jax`)."""
+  try:
+    from configs import base  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, root)
+    from configs import base  # pylint: disable=g-import-not-at-top
+  return base.get_base_config()
+
+
+def _model_fields(hf: dict, separator_ids) -> dict:
+  """Mapped fields plus the ModelConfig-only options the official models need."""
+  fields = hf_llama.model_fields_from_hf_config(hf, separator_ids=separator_ids)
+  known = {f.name for f in dataclasses.fields(model_config_lib.ModelConfig)}
+  extra = {
+      # The official intra table's last row is a zero padding row (padding_idx=-1).
+      'intra_zero_last_row': fields['position_encoding'].startswith('bipe_'),
+      'train_length': int(hf.get('train_scale', fields['max_position'])),
+      'rope_log_scale': bool(hf.get('log_scale', False)),
+  }
+  fields.update({k: v for k, v in extra.items() if k in known})
+  return fields
+
+
+def load_hf(hf_dir: str, *, separator_ids: Optional[Sequence[int]] = None):
+  """(ModelConfig, params) of a Hugging Face Llama-format folder, in memory (float32 NumPy).
+
+  The model is `bipe_jax.model.Transformer(model_config)`; apply it with {'params': params}.
+  """
+  hf = hf_files.read_hf_config(hf_dir)
+  fields = _model_fields(hf, separator_ids)
+  model_config = model_config_lib.model_config_from_dict(fields)
+  params = hf_llama.params_from_hf_weights(
+      hf_files.read_hf_weights(hf_dir), fields,
+      tie_word_embeddings=bool(hf.get('tie_word_embeddings', False)))
+  return model_config, params
+
+
+def _check_params(params, abstract_params):
+  """Same tree and shapes as the model's own init (a clear error instead of a late crash)."""
+  ours = jax.tree.structure(params)
+  theirs = jax.tree.structure(abstract_params)
+  if ours != theirs:
+    raise ValueError(f'converted parameter tree does not match the model: {ours} vs {theirs}')
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(params),
+                          jax.tree.leaves(abstract_params)):
+    if tuple(a.shape) != tuple(b.shape):
+      raise ValueError(f'converted parameter {jax.tree_util.keystr(path)} has shape {a.shape}; '
+                       f'the model expects {b.shape}')
+
+
+def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
+                  step: int = 0) -> str:
+  """Writes config.json, config.py and an Orbax train-state checkpoint of `params` at `step`.
+
+  The optimizer state is fresh (optax init of config.train's optimizer) and the data-iterator
+  state empty (None). Returns the checkpoint directory.
+  """
+  # Imported here: the training stack is only needed to write workdirs.
+  from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import train_state as train_state_lib  # pylint: disable=g-import-not-at-top
+
+  model = model_lib.Transformer(model_config_lib.model_config_from_dict(config.model))
+  tx = optimizer_lib.make_optimizer(config.train)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  abstract, shardings = train_state_lib.state_shardings(model, tx, mesh,
+                                                        int(config.data.seq_len))
+  _check_params(params, abstract.params)
+  params = jax.device_put(jax.tree.map(np.asarray, params), shardings.params)
+  with train_state_lib.mesh_context(mesh):
+    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+  state = train_state_lib.TrainState(
+      step=jax.device_put(np.int32(step), shardings.step), params=params, opt_state=opt_state,
+      rng=jax.device_put(jax.random.PRNGKey(int(config.train.seed)), shardings.rng))
+
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  config_py = os.path.join(workdir, 'config.py')
+  with open(config_py, 'w', encoding='utf-8') as f:
+    f.write(CONFIG_PY.replace('{path}', config_py).replace('{workdir}', workdir))
+  ckpt_dir = config.checkpoint.get('dir', '') or os.path.join(workdir, 'checkpoints')
+  if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+    raise ValueError(f'{ckpt_dir} already holds checkpoints: convert into a new workdir')
+  checkpointer = checkpointing.Checkpointer(ckpt_dir, every_steps=1, keep=1, async_save=False)
+  try:
+    checkpointer.save(step, state, None, force=True)
+  finally:
+    checkpointer.close()
+  return ckpt_dir
+
+
+def hf_to_workdir(hf_dir: str, workdir: str, *,
+                  separator_ids: Optional[Sequence[int]] = None,
+                  seq_len: Optional[int] = None,
+                  base_config: Optional[ml_collections.ConfigDict] = None) -> str:
+  """Converts a Hugging Face Llama / official BiPE folder into a bipe_jax workdir.
+
+  Args:
+    hf_dir: folder with config.json and model.safetensors / pytorch_model.bin (or shards).
+    workdir: output directory (created; must not hold checkpoints yet).
+    separator_ids: separators instead of the official {869, 13} (non-Llama tokenizers).
+    seq_len: data.seq_len of the written config (default: train_scale, else
+      max_position_embeddings).
+    base_config: the config to start from (default configs/base.py); its model section is
+      replaced by the mapped fields.
+
+  Returns:
+    The workdir.
+  """
+  hf = hf_files.read_hf_config(hf_dir)
+  model_config, params = load_hf(hf_dir, separator_ids=separator_ids)
+  config = (base_config or _base_config()).copy_and_resolve_references()
+  with config.unlocked():
+    for key, value in dataclasses.asdict(model_config).items():
+      config.model[key] = value
+    config.model.separators = 'ids'
+    config.data.seq_len = int(seq_len or hf.get('train_scale') or model_config.max_position)
+    config.data.tokenizer_vocab_size = model_config.vocab_size
+    tokenizer = os.path.join(hf_dir, 'tokenizer.model')
+    if os.path.isfile(tokenizer):
+      os.makedirs(workdir, exist_ok=True)
+      shutil.copyfile(tokenizer, os.path.join(workdir, 'tokenizer.model'))
+      config.data.tokenizer_path = os.path.abspath(os.path.join(workdir, 'tokenizer.model'))
+  write_workdir(workdir, config, params)
+  return workdir
+
+
+def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None) -> str:
+  """Exports a bipe_jax workdir's latest (or `step`) checkpoint to a Hugging Face folder."""
+  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+  run = runs.load_run(workdir, step=step, attention_impl='dense')
+  fields = dataclasses.asdict(run.model_config)
+  hf = hf_llama.hf_config_from_model_fields(fields)
+  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), run.params)
+  hf_files.write_hf_folder(hf_dir, hf, hf_llama.hf_weights_from_params(params, fields))
+  return hf_dir
+
+
+def detect_direction(src: str) -> str:
+  """'hf_to_bipe' or 'bipe_to_hf' from what `src` holds; ValueError if neither."""
+  path = os.path.join(src, 'config.json')
+  if not os.path.isfile(path):
+    raise ValueError(f'--from {src!r} has no config.json: give a Hugging Face model folder or a '
+                     'bipe_jax workdir')
+  with open(path, encoding='utf-8') as f:
+    config = json.load(f)
+  if 'model' in config and isinstance(config['model'], dict):
+    return 'bipe_to_hf'
+  if 'hidden_size' in config:
+    return 'hf_to_bipe'
+  raise ValueError(f'{path} is neither a Hugging Face config (hidden_size) nor a bipe_jax '
+                   'workdir config (a model section)')
+
+
+def _parse_ids(text: str):
+  if not text:
+    return None
+  try:
+    return tuple(int(x) for x in text.split(','))
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f'--separator_ids must be comma-separated integers, got {text!r}') from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m bipe_jax.convert',
+      description='Convert between Hugging Face Llama-format folders (incl. the released BiPE '
+                  'checkpoints) and bipe_jax workdirs; the direction is detected from --from.')
+  parser.add_argument('--from', dest='src', required=True,
+                      help='a Hugging Face folder or a bipe_jax workdir')
+  parser.add_argument('--to', dest='dst', required=True, help='output directory')
+  parser.add_argument('--separator_ids', type=_parse_ids, default=None,
+                      help='HF->bipe: comma-separated separator ids (default: official 869,13)')
+  parser.add_argument('--seq_len', type=int, default=0,
+                      help='HF->bipe: data.seq_len of the written config (default train_scale)')
+  parser.add_argument('--step', type=int, default=None,
+                      help='bipe->HF: checkpoint step to export (default: the latest)')
+  args = parser.parse_args(argv)
+  try:
+    direction = detect_direction(args.src)
+    if direction == 'hf_to_bipe':
+      hf_to_workdir(args.src, args.dst, separator_ids=args.separator_ids,
+                    seq_len=args.seq_len or None)
+      print(f'converted Hugging Face folder {args.src} -> bipe_jax workdir {args.dst}\n'
+            f'  evaluate: python eval/perplexity.py --workdir={args.dst} --lengths=...\n'
+            f'  generate: python eval/generate.py --workdir={args.dst} --prompt_ids=1,2,3')
+    else:
+      workdir_to_hf(args.src, args.dst, step=args.step)
+      print(f'exported bipe_jax workdir {args.src} -> Hugging Face folder {args.dst}')
+  except (ValueError, ImportError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  return 0
