@@ -1,0 +1,152 @@
+"""The bodies of the evaluation command lines (eval/perplexity.py, eval/arithmetic.py).
+
+Each returns a process exit code: 0 on success, 2 with one `error: ...` line on stderr for a
+bad argument or an unusable workdir (missing, empty, no config, no checkpoint).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from bipe_jax.evaluation import perplexity as ppl
+from bipe_jax.evaluation import runs as runs_lib
+from bipe_jax.evaluation import sweep
+
+
+def _error(message: str) -> int:
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  return 2
+
+
+def _tqdm_factory(label: str):
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  bars = {}
+
+  def factory(length: int, num_blocks: int):
+    bar = tqdm(total=num_blocks, desc=f'{label} L={length}', unit='block', file=sys.stderr,
+               leave=False, dynamic_ncols=True)
+    bars[length] = bar
+
+    def progress(done: int):
+      bar.update(done - bar.n)
+      if done >= num_blocks:
+        bar.close()
+
+    return progress
+
+  return factory
+
+
+def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = ''):
+  """The run's data config with optional dataset / data_dir overrides (unlocked copy)."""
+  data_config = run.config.data.copy_and_resolve_references()
+  with data_config.unlocked():
+    if dataset:
+      data_config.dataset = dataset
+    if data_dir:
+      data_config.data_dir = data_dir
+  return data_config
+
+
+def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', protocol='blocks',
+                    stride=None, max_tokens=None, tokens_per_batch=16384,
+                    attention_impl='blockwise', block_size=0, output='results.json', plot='',
+                    command='') -> int:
+  try:
+    if not workdirs:
+      raise ValueError('give at least one --workdir (a training run directory)')
+    lengths = sweep.parse_lengths(lengths)
+    sweep.check_protocol(protocol, stride)
+    if tokens_per_batch < 1:
+      raise ValueError(f'--tokens_per_batch={tokens_per_batch}: must be >= 1')
+    for w in workdirs:  # fail fast on every workdir before any long work
+      runs_lib.read_config(w)
+    entries, all_results = [], []
+    for w in workdirs:
+      start = time.perf_counter()
+      run = runs_lib.load_run(w, step=step, attention_impl=attention_impl,
+                              block_size=block_size or None)
+      label = run.encoding
+      print(f'{w}: {run.encoding}, step {run.step}, trained at length {run.train_length}, '
+            f'mesh {dict(run.mesh.shape)}', flush=True)
+      results = sweep.evaluate_run(
+          run, lengths, protocol=protocol, stride=stride, max_tokens=max_tokens,
+          tokens_per_batch=tokens_per_batch, data_config=data_config_for(run, dataset, data_dir),
+          progress_factory=_tqdm_factory(run.encoding))
+      entries.append(sweep.run_entry(label, run, results))
+      all_results.append(results)
+      print(ppl.format_table({f'{label} ({w}, {time.perf_counter() - start:.0f} s)': results}),
+            flush=True)
+  except (ValueError, FileNotFoundError) as e:
+    return _error(str(e))
+  labels = _unique_labels([e['label'] for e in entries], workdirs)
+  for e, label in zip(entries, labels):
+    e['label'] = label
+  if len(entries) > 1:
+    print('\nperplexity, side by side:')
+    print(ppl.format_table(dict(zip(labels, all_results))), flush=True)
+  document = sweep.results_document(entries, protocol=protocol, stride=stride,
+                                    max_tokens=max_tokens, command=command)
+  if output:
+    print(f'wrote {sweep.write_json(document, output)}')
+  if plot:
+    print(f'wrote {sweep.plot_document(document, plot)}')
+  return 0
+
+
+def _unique_labels(labels, workdirs):
+  import os  # pylint: disable=g-import-not-at-top
+  return [l if labels.count(l) == 1 else f'{l} ({os.path.basename(os.path.normpath(w))})'
+          for l, w in zip(labels, workdirs)]
+
+
+def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
+                    attention_impl='blockwise', output='', command='') -> int:
+  """Exact-match accuracy by number of operators, for runs trained on data.dataset=arithmetic:
+  held-out problems of the training lengths and the longer evaluation problems."""
+  import json  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import arithmetic_accuracy as acc  # pylint: disable=g-import-not-at-top
+  from bipe_jax.tasks import arithmetic  # pylint: disable=g-import-not-at-top
+  try:
+    if not workdirs:
+      raise ValueError('give at least one --workdir (a run trained on the arithmetic task)')
+    if per_length < 1 or batch_size < 1:
+      raise ValueError(f'--per_length={per_length} and --batch_size={batch_size} must be >= 1')
+    for w in workdirs:
+      config = runs_lib.read_config(w)
+      if config.data.dataset != 'arithmetic':
+        raise ValueError(f'workdir {w!r} was trained on data.dataset={config.data.dataset!r}, '
+                         "not 'arithmetic' (configs/arithmetic_tiny.py)")
+    tables, entries, train_max = {}, [], None
+    for w in workdirs:
+      start = time.perf_counter()
+      run = runs_lib.load_run(w, step=step, attention_impl=attention_impl)
+      settings = arithmetic.settings_from_config(run.config.data)
+      train_max = settings.train_max_ops
+      problems = arithmetic.problems_by_length(settings, 'test', per_length)
+      problems.update(arithmetic.problems_by_length(settings, 'eval', per_length))
+      with run.context():
+        results = acc.accuracy_by_length(
+            run.apply_fn(), run.params, problems, batch_size=batch_size,
+            progress=lambda n, e=run.encoding: print(f'  {e}: {n} operators done', flush=True))
+      label = run.encoding if run.encoding not in tables else f'{run.encoding} ({w})'
+      tables[label] = results
+      entries.append({'label': label, 'workdir': w, 'encoding': run.encoding, 'step': run.step,
+                      'train_ops': [settings.train_min_ops, settings.train_max_ops],
+                      'results': [r.to_dict() for r in results]})
+      print(f'{w}: {run.encoding} step {run.step}, {time.perf_counter() - start:.0f} s',
+            flush=True)
+  except (ValueError, FileNotFoundError) as e:
+    return _error(str(e))
+  print('\nexact-match accuracy of the final answer (whole chain in parentheses), by number of '
+        f'operators; training problems have <= {train_max}:')
+  print(acc.format_accuracy_table(tables, train_max_ops=train_max), flush=True)
+  if output:
+    doc = sweep.results_document(entries, protocol='arithmetic-greedy', stride=None,
+                                 max_tokens=None, command=command)
+    doc['per_length'] = per_length
+    with open(output, 'w', encoding='utf-8') as f:
+      json.dump(doc, f, indent=2)
+    print(f'wrote {output}')
+  return 0

@@ -1,0 +1,247 @@
+"""`make demo`: train the tiny preset with several encodings at a short length, evaluate each at
+1x..16x that length, print one table side by side, write JSON, Markdown and a PNG.
+
+Each training run is a subprocess of train/main.py (exactly what a user would type), in
+`<output_dir>/runs/<encoding>`; running the demo again resumes or reuses finished runs (their
+checkpoints are the final ones), so only missing work is done. Evaluation restores each run
+(bipe_jax.evaluation.runs) and scores the same validation tokens at every length with
+blockwise attention.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import os
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN_SCRIPT = os.path.join(ROOT, 'train', 'main.py')
+
+# For the up-front time estimate only, from measurements on the project's 2-core CPU machine:
+# a step of the tiny preset at seq_len 64, batch 32 costs ~0.55 CPU-seconds (~0.4 s wall on 2
+# cores); a training subprocess spends ~20 s in imports, compilation and checkpointing.
+SECONDS_PER_STEP = 0.4
+SECONDS_TRAIN_STARTUP = 25.0
+SECONDS_PREPARE = 60.0  # building the embedded corpus + tokenizer when missing
+EVAL_TOKENS_PER_SECOND = 25_000.0
+SECONDS_EVAL_STARTUP = 15.0  # restore + one compilation per length
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoPlan:
+  encodings: tuple[str, ...] = ('rope', 'bipe_rope', 'alibi', 'bipe_alibi')
+  seq_len: int = 64
+  steps: int = 300
+  parallel: int = 1  # training runs at once (2 helps on a machine shared with other jobs)
+  batch_size: int = 32
+  multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)
+  max_tokens: int = 65536  # validation tokens scored at every length
+  config: str = 'configs/tiny.py'
+  data_dir: str = 'data_cache'
+  output_dir: str = 'demo_out'
+
+  @property
+  def lengths(self) -> list[int]:
+    return [self.seq_len * m for m in self.multipliers]
+
+  def workdir(self, encoding: str) -> str:
+    return os.path.join(self.output_dir, 'runs', encoding)
+
+  def train_command(self, encoding: str) -> list[str]:
+    steps = self.steps
+    longest = max(self.lengths)
+    return [
+        sys.executable, TRAIN_SCRIPT, f'--config={os.path.join(ROOT, self.config)}',
+        f'--workdir={self.workdir(encoding)}',
+        f'--config.model.position_encoding={encoding}',
+        f'--config.data.seq_len={self.seq_len}',
+        f'--config.data.data_dir={self.data_dir}',
+        f'--config.model.max_intra={self.seq_len}',  # official: intra table = training length
+        f'--config.model.max_position={longest}',  # only 'learned' uses it (untrained rows)
+        f'--config.model.rope_original_length={self.seq_len}',
+        f'--config.model.block_size={min(128, self.seq_len)}',
+        f'--config.train.steps={steps}',
+        f'--config.train.batch_size={self.batch_size}',
+        f'--config.train.warmup_steps={max(1, steps // 10)}',
+        f'--config.train.log_every={max(1, steps // 10)}',
+        f'--config.checkpoint.every_steps={steps}',
+    ]
+
+  def validate(self) -> None:
+    from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
+    bad = [e for e in self.encodings if e not in schemes.SCHEME_NAMES]
+    if bad or not self.encodings:
+      raise ValueError(f'--encodings: {bad or "(none)"} not valid; allowed: '
+                       f'{", ".join(schemes.SCHEME_NAMES)}')
+    for name in ('seq_len', 'steps', 'batch_size', 'max_tokens', 'parallel'):
+      if getattr(self, name) < (2 if name == 'seq_len' else 1):
+        raise ValueError(f'--{name}={getattr(self, name)}: must be positive')
+    if not self.multipliers or min(self.multipliers) < 1:
+      raise ValueError(f'--multipliers={self.multipliers}: positive integers, e.g. 1,2,4,8,16')
+    if self.max_tokens < max(self.lengths):
+      raise ValueError(f'--max_tokens={self.max_tokens} is smaller than the longest length '
+                       f'{max(self.lengths)}')
+
+
+def _finished_step(workdir: str) -> int:
+  """The newest complete checkpoint step of a workdir (0 when none)."""
+  ckpt = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(ckpt):
+    return 0
+  steps = [int(n) for n in os.listdir(ckpt) if n.isdigit()]
+  return max(steps, default=0)
+
+
+def estimate_seconds(plan: DemoPlan, data_ready: bool) -> float:
+  todo = [e for e in plan.encodings if _finished_step(plan.workdir(e)) < plan.steps]
+  train = len(todo) * (SECONDS_TRAIN_STARTUP + plan.steps * SECONDS_PER_STEP
+                       * plan.seq_len * plan.batch_size / (64 * 32))
+  evaluation = len(plan.encodings) * (SECONDS_EVAL_STARTUP + len(plan.lengths)
+                                      * plan.max_tokens / EVAL_TOKENS_PER_SECOND)
+  # Parallel runs share the same cores: no speed-up assumed (it helps only on a busy machine).
+  return (0 if data_ready else SECONDS_PREPARE) + train + evaluation
+
+
+def train_run(plan: DemoPlan, encoding: str, log) -> float:
+  """Trains (or resumes / skips) one encoding in a subprocess; returns its wall time."""
+  workdir = plan.workdir(encoding)
+  if _finished_step(workdir) >= plan.steps:
+    log(f'[{encoding}] already trained to step {plan.steps} in {workdir}: reusing it')
+    return 0.0
+  os.makedirs(workdir, exist_ok=True)
+  cmd = plan.train_command(encoding)
+  log(f'[{encoding}] training: {" ".join(cmd[1:])}')
+  start = time.perf_counter()
+  with open(os.path.join(workdir, 'train.log'), 'a', encoding='utf-8') as err:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED='1'))
+    for line in proc.stdout:
+      log(f'[{encoding}] {line.rstrip()}')
+    code = proc.wait()
+  if code != 0:
+    with open(os.path.join(workdir, 'train.log'), encoding='utf-8') as f:
+      tail = ''.join(f.readlines()[-15:])
+    raise RuntimeError(f'training {encoding} failed with exit code {code}; the end of '
+                       f'{workdir}/train.log:\n{tail}')
+  return time.perf_counter() - start
+
+
+def markdown_report(plan: DemoPlan, document: dict, *, command: str, wall_seconds: float,
+                    train_seconds: dict, eval_seconds: dict) -> str:
+  """DEMO_RESULTS.md: the table, the command, the date, timings and the set-up."""
+  from bipe_jax.evaluation import perplexity as ppl  # pylint: disable=g-import-not-at-top
+  results = {e['label']: [ppl.LengthResult(r['length'], r['blocks'], r['tokens'], r['nll_sum'])
+                          for r in e['results']] for e in document['runs']}
+  train_tokens = plan.steps * plan.batch_size * plan.seq_len
+  timing = ', '.join(f'{k} {train_seconds[k]:.0f} s + eval {eval_seconds[k]:.0f} s'
+                     for k in train_seconds)
+  return '\n'.join([
+      f'# Demo results ({document["date"]})',
+      '',
+      f'Command: `{command}` — wall time {wall_seconds / 60:.1f} min on '
+      f'{os.cpu_count()} CPU cores ({timing}).',
+      '',
+      f'Tiny preset ({plan.config}: 4 layers, width 128, 4 heads, vocab 4096) trained on the '
+      f'embedded corpus (CPython docs + stdlib code) at length {plan.seq_len} for '
+      f'{plan.steps} steps of {plan.batch_size} sequences ({train_tokens:,} tokens) per '
+      f'encoding; evaluated on the same {plan.max_tokens:,} '
+      f'validation tokens cut into non-overlapping blocks of each length (official protocol; '
+      f'"tokens scored" = targets per length). Perplexity (lower is better):',
+      '',
+      ppl.format_markdown(results),
+      '',
+      '![perplexity vs length](ppl.png)',
+      '',
+  ])
+
+
+def run_demo(plan: DemoPlan, *, command: str, log=print) -> dict:
+  """The whole demo; returns the results document (also written to plan.output_dir)."""
+  plan.validate()
+  from bipe_jax import data  # pylint: disable=g-import-not-at-top
+  from configs import base  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import perplexity as ppl  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import runs as runs_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import sweep  # pylint: disable=g-import-not-at-top
+
+  wall_start = time.perf_counter()
+  data_config = base.data_defaults()
+  data_config.data_dir = plan.data_dir
+  data_ready = os.path.isdir(os.path.join(plan.data_dir, 'bipe_embedded'))
+  expected = estimate_seconds(plan, data_ready)
+  log(f'demo: {len(plan.encodings)} encodings ({", ".join(plan.encodings)}), {plan.steps} '
+      f'steps at length {plan.seq_len}, evaluated at {plan.lengths}')
+  log(f'demo: expected to take about {expected / 60:.0f} minutes on 2 CPU cores '
+      f'(longer when the machine is busy); output in {plan.output_dir}/')
+  start = time.perf_counter()
+  prepared = data.prepare(data_config)
+  log(f'demo: embedded corpus and tokenizer ready in {time.perf_counter() - start:.0f} s '
+      f'({prepared.version_dir})')
+
+  train_seconds, eval_seconds, entries, tables = {}, {}, [], {}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=plan.parallel) as pool:
+    futures = {e: pool.submit(train_run, plan, e, log) for e in plan.encodings}
+    for encoding, future in futures.items():
+      train_seconds[encoding] = future.result()
+  for encoding in plan.encodings:
+    start = time.perf_counter()
+    run = runs_lib.load_run(plan.workdir(encoding), attention_impl='blockwise')
+    log(f'[{encoding}] evaluating step {run.step} at {plan.lengths}')
+    results = sweep.evaluate_run(
+        run, plan.lengths, max_tokens=plan.max_tokens, data_config=data_config,
+        on_result=lambda r, e=encoding: log(f'[{e}] length {r.length:>6}: perplexity '
+                                            f'{r.perplexity:9.3f} ({r.tokens} tokens)'))
+    eval_seconds[encoding] = time.perf_counter() - start
+    entries.append(sweep.run_entry(encoding, run, results))
+    tables[encoding] = results
+  wall = time.perf_counter() - wall_start
+
+  document = sweep.results_document(entries, protocol='blocks', stride=None,
+                                    max_tokens=plan.max_tokens, command=command)
+  document['wall_seconds'] = wall
+  document['expected_seconds'] = expected
+  document['train_seconds'] = train_seconds
+  document['eval_seconds'] = eval_seconds
+  os.makedirs(plan.output_dir, exist_ok=True)
+  sweep.write_json(document, os.path.join(plan.output_dir, 'results.json'))
+  sweep.plot_document(document, os.path.join(plan.output_dir, 'ppl.png'))
+  report = markdown_report(plan, document, command=command, wall_seconds=wall,
+                           train_seconds=train_seconds, eval_seconds=eval_seconds)
+  with open(os.path.join(plan.output_dir, 'DEMO_RESULTS.md'), 'w', encoding='utf-8') as f:
+    f.write(report)
+  log('')
+  log(f'perplexity by evaluation length (trained at {plan.seq_len}; lower is better):')
+  log(ppl.format_table(tables))
+  log('')
+  log(f'demo: done in {wall / 60:.1f} min (expected {expected / 60:.0f}); wrote '
+      f'{plan.output_dir}/results.json, {plan.output_dir}/ppl.png, '
+      f'{plan.output_dir}/DEMO_RESULTS.md ({datetime.date.today().isoformat()})')
+  return document
+
+
+def parse_ints(text: str, flag: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(x) for x in str(text).split(',') if x.strip())
+  except ValueError:
+    raise ValueError(f'--{flag}={text!r}: expected comma-separated integers') from None
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+  return tuple(x.strip() for x in str(text).split(',') if x.strip())
+
+
+def main(plan: DemoPlan, command: str) -> int:
+  try:
+    run_demo(plan, command=command)
+  except (ValueError, RuntimeError) as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    return 2
+  return 0
+
+
+__all__: Sequence[str] = ('DemoPlan', 'run_demo', 'estimate_seconds', 'main')

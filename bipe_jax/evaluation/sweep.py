@@ -1,0 +1,123 @@
+"""Perplexity of restored runs at several evaluation lengths, and the results file.
+
+Every length scores the same validation stream (capped once with `max_tokens`), cut into
+non-overlapping blocks of that length (protocol 'blocks', the official one) or into sliding
+windows scoring only the last `stride` tokens of each (protocol 'sliding').
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from typing import Callable, Sequence
+
+import jax
+
+from bipe_jax.evaluation import perplexity as ppl
+from bipe_jax.evaluation import runs as runs_lib
+
+PROTOCOLS = ('blocks', 'sliding')
+
+
+def parse_lengths(text: str) -> list[int]:
+  """'128,256,512' -> [128, 256, 512]; ValueError naming the bad entry."""
+  out = []
+  for part in str(text).split(','):
+    part = part.strip()
+    if not part:
+      continue
+    if not part.isdigit() or int(part) < 2:
+      raise ValueError(f'--lengths: {part!r} is not an integer >= 2 (e.g. --lengths=128,256,512)')
+    out.append(int(part))
+  if not out:
+    raise ValueError('--lengths is empty (e.g. --lengths=128,256,512)')
+  return sorted(set(out))
+
+
+def check_protocol(protocol: str, stride: int | None) -> None:
+  if protocol not in PROTOCOLS:
+    raise ValueError(f'--protocol={protocol!r}: allowed {PROTOCOLS}')
+  if protocol == 'sliding' and not (stride and stride > 0):
+    raise ValueError('--protocol=sliding needs --stride > 0 (tokens scored per window)')
+
+
+def eval_blocks(data_config, length: int, *, protocol: str = 'blocks', stride: int | None = None,
+                max_tokens: int | None = None):
+  """(tokens [N, length], target_mask [N, length]) from the data pipeline's validation split."""
+  from bipe_jax import data  # pylint: disable=g-import-not-at-top
+  check_protocol(protocol, stride)
+  if protocol == 'sliding' and stride >= length:
+    raise ValueError(f'--stride={stride} must be smaller than the length {length}')
+  return data.make_eval_blocks(data_config, length, split='validation', max_tokens=max_tokens,
+                               stride=stride if protocol == 'sliding' else None)
+
+
+def evaluate_run(run: runs_lib.Run, lengths: Sequence[int], *, protocol: str = 'blocks',
+                 stride: int | None = None, max_tokens: int | None = None,
+                 tokens_per_batch: int = 16384, data_config=None,
+                 progress_factory: Callable[[int, int], Callable[[int], None]] | None = None,
+                 on_result: Callable[[ppl.LengthResult], None] | None = None
+                 ) -> list[ppl.LengthResult]:
+  """LengthResult per length for one restored run.
+
+  data_config: the validation data (default: the run's own config.data). progress_factory:
+  (length, num_blocks) -> progress callback; on_result is called after each length.
+  """
+  data_config = data_config if data_config is not None else run.config.data
+  apply_fn = run.apply_fn()
+  results = []
+  with run.context():
+    for length in lengths:
+      tokens, mask = eval_blocks(data_config, length, protocol=protocol, stride=stride,
+                                 max_tokens=max_tokens)
+      progress = progress_factory(length, tokens.shape[0]) if progress_factory else None
+      result = ppl.score_blocks(apply_fn, run.params, tokens, mask,
+                                batch_size=max(1, tokens_per_batch // length), mesh=run.mesh,
+                                progress=progress)
+      results.append(result)
+      if on_result:
+        on_result(result)
+  return results
+
+
+def results_document(entries: Sequence[dict], *, protocol: str, stride: int | None,
+                     max_tokens: int | None, command: str = '') -> dict:
+  """The JSON written by the CLI and the demo: runs with their per-length results + context."""
+  return {
+      'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+      'command': command,
+      'protocol': protocol,
+      'stride': stride,
+      'max_tokens': max_tokens,
+      'host': {'platform': platform.platform(), 'devices': [str(d) for d in jax.devices()],
+               'jax': jax.__version__},
+      'runs': list(entries),
+  }
+
+
+def run_entry(label: str, run: runs_lib.Run, results: Sequence[ppl.LengthResult]) -> dict:
+  return {'label': label, 'workdir': os.path.abspath(run.workdir), 'encoding': run.encoding,
+          'step': run.step, 'train_length': run.train_length,
+          'results': [r.to_dict() for r in results]}
+
+
+def write_json(document: dict, path: str) -> str:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(document, f, indent=2)
+  return path
+
+
+def plot_document(document: dict, path: str) -> str:
+  """The PNG of a results document: one line per run."""
+  from bipe_jax.evaluation import plot  # pylint: disable=g-import-not-at-top
+  runs = {e['label']: ([r['length'] for r in e['results']], [r['perplexity'] for r in e['results']])
+          for e in document['runs']}
+  train_lengths = {e['train_length'] for e in document['runs']}
+  train_length = train_lengths.pop() if len(train_lengths) == 1 else None
+  title = 'Perplexity vs evaluation length'
+  if train_length:
+    title += f' (trained at {train_length} tokens)'
+  return plot.plot_perplexity(runs, path, train_length=train_length, title=title)

@@ -1,0 +1,55 @@
+"""Perplexity against evaluation length for one or several training workdirs.
+
+  python eval/perplexity.py --workdir=runs/rope --workdir=runs/bipe_rope \
+      --lengths=128,256,512,1024,2048 --output=results.json --plot=ppl.png
+
+Restores the latest (or --step) checkpoint of each workdir, scores the validation split of its
+dataset (or --dataset / --data_dir) cut into non-overlapping blocks of each length (the official
+protocol) or sliding windows (--protocol=sliding --stride=N), with blockwise attention so memory
+grows linearly with length. Prints a table per run and one side by side; writes JSON and a PNG.
+All logic lives in bipe_jax.evaluation.
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_WORKDIR = flags.DEFINE_multi_string('workdir', [], 'Training workdir (repeatable).')
+_LENGTHS = flags.DEFINE_string('lengths', '128,256,512,1024,2048', 'Comma-separated lengths.')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+_DATASET = flags.DEFINE_string('dataset', '', "Evaluate on this data.dataset instead of the run's.")
+_DATA_DIR = flags.DEFINE_string('data_dir', '', "data.data_dir override.")
+_PROTOCOL = flags.DEFINE_enum('protocol', 'blocks', ['blocks', 'sliding'],
+                              'blocks: non-overlapping blocks (official); sliding: windows '
+                              'scoring only their last --stride tokens.')
+_STRIDE = flags.DEFINE_integer('stride', None, 'Tokens scored per window (--protocol=sliding).')
+_MAX_TOKENS = flags.DEFINE_integer('max_tokens', None,
+                                   'Cap the validation stream (once, same tokens for every length).')
+_TOKENS_PER_BATCH = flags.DEFINE_integer('tokens_per_batch', 16384, 'Tokens per forward pass.')
+_ATTENTION = flags.DEFINE_enum('attention_impl', 'blockwise', ['blockwise', 'dense'],
+                               'Attention path at evaluation (blockwise: linear memory).')
+_BLOCK_SIZE = flags.DEFINE_integer('block_size', 0, 'Attention block size (0 = the run\'s).')
+_OUTPUT = flags.DEFINE_string('output', 'results.json', 'JSON results file ("" = none).')
+_PLOT = flags.DEFINE_string('plot', '', 'PNG plot of perplexity vs length ("" = none).')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  from bipe_jax.evaluation import cli  # pylint: disable=g-import-not-at-top
+  return cli.perplexity_main(
+      workdirs=_WORKDIR.value, lengths=_LENGTHS.value, step=_STEP.value, dataset=_DATASET.value,
+      data_dir=_DATA_DIR.value, protocol=_PROTOCOL.value, stride=_STRIDE.value,
+      max_tokens=_MAX_TOKENS.value, tokens_per_batch=_TOKENS_PER_BATCH.value,
+      attention_impl=_ATTENTION.value, block_size=_BLOCK_SIZE.value, output=_OUTPUT.value,
+      plot=_PLOT.value, command=' '.join(['python eval/perplexity.py'] + sys.argv[1:]))
+
+
+if __name__ == '__main__':
+  app.run(main)
