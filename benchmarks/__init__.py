@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks (scripts; results in benchmarks/README.md)."""
