@@ -71,20 +71,24 @@ def _check_shapes(q, k, v, q_pos, k_pos):
 
 
 def attention_scores(q_BxHxQxDh, k_BxGxKxDh, scale: float) -> jax.Array:
-  """scale * q.k in float32, [B, H, Q, K], with GQA grouping (no KV repetition in memory)."""
+  """scale * q.k in float32, [B, H, Q, K], with GQA grouping (no KV repetition in memory).
+
+  The R = H / G query heads of a group are merged into the query axis, so the product is one
+  4-D batched matmul (measured ~2x faster forward + backward on XLA CPU than a 5-D einsum).
+  """
   b, h, nq, d = q_BxHxQxDh.shape
   g, nk = k_BxGxKxDh.shape[1], k_BxGxKxDh.shape[2]
-  q5 = (q_BxHxQxDh * jnp.asarray(scale, q_BxHxQxDh.dtype)).reshape(b, g, h // g, nq, d)
-  s = jnp.einsum('bgrqd,bgkd->bgrqk', q5, k_BxGxKxDh, preferred_element_type=jnp.float32)
+  q4 = (q_BxHxQxDh * jnp.asarray(scale, q_BxHxQxDh.dtype)).reshape(b, g, (h // g) * nq, d)
+  s = jnp.einsum('bgxd,bgkd->bgxk', q4, k_BxGxKxDh, preferred_element_type=jnp.float32)
   return s.reshape(b, h, nq, nk)
 
 
 def _weighted_values(p_BxHxQxK, v_BxGxKxDh) -> jax.Array:
-  """p @ v with GQA grouping: [B, H, Q, Dh] float32."""
+  """p @ v with GQA grouping (query heads merged into the query axis): [B, H, Q, Dh] float32."""
   b, h, nq, nk = p_BxHxQxK.shape
   g, d = v_BxGxKxDh.shape[1], v_BxGxKxDh.shape[3]
-  p5 = p_BxHxQxK.reshape(b, g, h // g, nq, nk).astype(v_BxGxKxDh.dtype)
-  o = jnp.einsum('bgrqk,bgkd->bgrqd', p5, v_BxGxKxDh, preferred_element_type=jnp.float32)
+  p4 = p_BxHxQxK.reshape(b, g, (h // g) * nq, nk).astype(v_BxGxKxDh.dtype)
+  o = jnp.einsum('bgxk,bgkd->bgxd', p4, v_BxGxKxDh, preferred_element_type=jnp.float32)
   return o.reshape(b, h, nq, d)
 
 
@@ -156,7 +160,9 @@ def dense_attention(q_BxHxQxDh: jax.Array,
   vis = _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_streams,
                  k_streams)
   logits = jnp.where(vis, logits, NEG_INF)
-  m = jnp.max(logits, axis=-1, keepdims=True)
+  # The softmax does not depend on the shift m: stopping its gradient is exact and saves the
+  # select-scatter that differentiating max costs over [B, H, Q, K].
+  m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
   p = jnp.where(vis, jnp.exp(logits - m), 0.0)
   denom = jnp.sum(p, axis=-1, keepdims=True)
   out = _weighted_values(p, v) / jnp.where(denom == 0.0, 1.0, denom)
@@ -272,7 +278,8 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
       vis = _visible(qpos_blk, kpos_blk, causal, crop(sl(k_valid_p), 1), qdoc_blk, kdoc_blk,
                      mask_fn, qstr_blk, kstr_blk)
       logits = jnp.where(vis, logits, NEG_INF)
-      m_new = jnp.maximum(m, jnp.max(logits, axis=-1, keepdims=True))
+      # The running max is only a numerical shift (the result is invariant to it): no gradient.
+      m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(logits, axis=-1, keepdims=True)))
       p = jnp.where(vis, jnp.exp(logits - m_new), 0.0)
       corr = jnp.exp(m - m_new)
       l_new = corr * l + jnp.sum(p, axis=-1, keepdims=True)
