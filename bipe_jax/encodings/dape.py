@@ -24,6 +24,7 @@ from typing import Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from bipe_jax.encodings import initializers
 
 LEAKY_SLOPE = 0.01  # torch.nn.LeakyReLU default
 
@@ -155,15 +156,6 @@ def dape_v2_transform(scores_BxHxQxK: jax.Array, bias_BxHxQxK: Optional[jax.Arra
   return s + f if b is None else s + b + f
 
 
-def _torch_uniform(fan_in: int):
-  """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's default Linear / Conv init."""
-  bound = fan_in**-0.5
-
-  def init(key, shape, dtype=jnp.float32):
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-  return init
-
-
 class DapeV1(nn.Module):
   """DAPE V1 score transform. Params 'w_in' [C, hidden], 'b_in', 'w_out' [hidden, H], 'b_out'.
 
@@ -181,11 +173,11 @@ class DapeV1(nn.Module):
                        'use_bias_features=False.')
     c = (2 if self.use_bias_features else 1) * self.num_heads
     params = dict(
-        w_in=self.param('w_in', _torch_uniform(c), (c, self.hidden), jnp.float32),
-        b_in=self.param('b_in', _torch_uniform(c), (self.hidden,), jnp.float32),
-        w_out=self.param('w_out', _torch_uniform(self.hidden), (self.hidden, self.num_heads),
+        w_in=self.param('w_in', initializers.torch_uniform(c), (c, self.hidden), jnp.float32),
+        b_in=self.param('b_in', initializers.torch_uniform(c), (self.hidden,), jnp.float32),
+        w_out=self.param('w_out', initializers.torch_uniform(self.hidden), (self.hidden, self.num_heads),
                          jnp.float32),
-        b_out=self.param('b_out', _torch_uniform(self.hidden), (self.num_heads,), jnp.float32))
+        b_out=self.param('b_out', initializers.torch_uniform(self.hidden), (self.num_heads,), jnp.float32))
     return dape_v1_transform(scores_BxHxQxK, bias_BxHxQxK, params)
 
 
@@ -208,11 +200,11 @@ class DapeV2(nn.Module):
     ks = self.kernel_size
     c = (2 if self.use_bias_features else 1) * self.num_heads
     params = dict(
-        w_in=self.param('w_in', _torch_uniform(c * ks), (ks, c, self.hidden), jnp.float32),
-        b_in=self.param('b_in', _torch_uniform(c * ks), (self.hidden,), jnp.float32),
-        w_out=self.param('w_out', _torch_uniform(self.hidden * ks),
+        w_in=self.param('w_in', initializers.torch_uniform(c * ks), (ks, c, self.hidden), jnp.float32),
+        b_in=self.param('b_in', initializers.torch_uniform(c * ks), (self.hidden,), jnp.float32),
+        w_out=self.param('w_out', initializers.torch_uniform(self.hidden * ks),
                          (ks, self.hidden, self.num_heads), jnp.float32),
-        b_out=self.param('b_out', _torch_uniform(self.hidden * ks), (self.num_heads,),
+        b_out=self.param('b_out', initializers.torch_uniform(self.hidden * ks), (self.num_heads,),
                          jnp.float32))
     return dape_v2_transform(scores_BxHxQxK, bias_BxHxQxK, params, ks, q_pos_BxQ=q_pos_BxQ,
                              k_pos_BxK=k_pos_BxK, k_valid_BxK=k_valid_BxK)

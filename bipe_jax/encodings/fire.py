@@ -10,6 +10,7 @@ Distances are float32. Keys after the query (k > q, masked by the caller) get di
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from bipe_jax.encodings import initializers
 
 FIRE_EPS = 1e-6
 
@@ -27,15 +28,6 @@ def fire_bias(q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array, *, c, l_multiplier, in
   hidden_BxQxKxN = jax.nn.relu(d_BxQxK[..., None] * w_in_1xN[0] + b_in_N)
   out = jnp.einsum('bqkn,nh->bhqk', hidden_BxQxKxN, w_out_NxH)
   return out + jnp.asarray(b_out_H)[None, :, None, None]
-
-
-def _torch_linear_init(fan_in: int):
-  """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's default nn.Linear init (weights and bias)."""
-  bound = fan_in**-0.5
-
-  def init(key, shape, dtype=jnp.float32):
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-  return init
 
 
 class FireBias(nn.Module):
@@ -58,10 +50,10 @@ class FireBias(nn.Module):
   def __call__(self, q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array) -> jax.Array:
     c = self.param('c', nn.initializers.constant(self.init_c), (), jnp.float32)
     l_multiplier = self.param('L_multiplier', nn.initializers.ones, (), jnp.float32)
-    w_in = self.param('w_in', _torch_linear_init(1), (1, self.hidden), jnp.float32)
-    b_in = self.param('b_in', _torch_linear_init(1), (self.hidden,), jnp.float32)
-    w_out = self.param('w_out', _torch_linear_init(self.hidden), (self.hidden, self.num_heads),
+    w_in = self.param('w_in', initializers.torch_uniform(1), (1, self.hidden), jnp.float32)
+    b_in = self.param('b_in', initializers.torch_uniform(1), (self.hidden,), jnp.float32)
+    w_out = self.param('w_out', initializers.torch_uniform(self.hidden), (self.hidden, self.num_heads),
                        jnp.float32)
-    b_out = self.param('b_out', _torch_linear_init(self.hidden), (self.num_heads,), jnp.float32)
+    b_out = self.param('b_out', initializers.torch_uniform(self.hidden), (self.num_heads,), jnp.float32)
     return fire_bias(q_pos_BxQ, k_pos_BxK, c=c, l_multiplier=l_multiplier, init_L=self.init_L,
                      w_in_1xN=w_in, b_in_N=b_in, w_out_NxH=w_out, b_out_H=b_out)
