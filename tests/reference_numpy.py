@@ -179,3 +179,21 @@ def dape_v2_ref(scores_BxHxQxK, bias_BxHxQxK, w_in, b_in, w_out, b_out):
   f = conv(hid, np.asarray(w_out, np.float64), b_out)
   base = s if bias_BxHxQxK is None else s + np.broadcast_to(bias_BxHxQxK, s.shape)
   return base + f
+
+
+def block_nll_loop(forward, params, tokens_NxL, mask_NxL):
+  """(sum of NLL, scored count) of blocks, one block and one token at a time, float64 log-softmax.
+
+  `forward(params, tokens [1, L]) -> logits [1, L, V]`; target t is scored from logits t-1 when
+  mask[n, t] (column 0 never is).
+  """
+  total, count = 0.0, 0
+  for n in range(tokens_NxL.shape[0]):
+    logits = np.asarray(forward(params, tokens_NxL[n:n + 1]), np.float64)[0]
+    for t in range(1, tokens_NxL.shape[1]):
+      if mask_NxL[n, t]:
+        row = logits[t - 1]
+        log_z = np.log(np.sum(np.exp(row - row.max()))) + row.max()
+        total += log_z - row[tokens_NxL[n, t]]
+        count += 1
+  return total, count

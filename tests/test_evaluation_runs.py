@@ -28,6 +28,7 @@ from bipe_jax.training import mesh as mesh_lib
 from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training import train_state as train_state_lib
 from configs import arithmetic_tiny
+from tests import reference_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,15 +81,8 @@ def _hand_loop(config, params, tokens, mask):
   """Dense model, one block at a time, float64 NumPy log-softmax, token by token."""
   model = model_lib.Transformer(runs_lib._model_config(config, {'attention_impl': 'dense'}))
   forward = jax.jit(lambda p, x: model.apply({'params': p}, x))
-  total, count = 0.0, 0
-  for n in range(tokens.shape[0]):
-    logits = np.asarray(forward(params, jnp.asarray(tokens[n:n + 1])), np.float64)[0]
-    for t in range(1, tokens.shape[1]):
-      if mask[n, t]:
-        row = logits[t - 1]
-        total += np.log(np.sum(np.exp(row - row.max()))) + row.max() - row[tokens[n, t]]
-        count += 1
-  return total, count
+  return reference_numpy.block_nll_loop(lambda p, x: forward(p, jnp.asarray(x)), params, tokens,
+                                        mask)
 
 
 def test_restored_params_equal_the_saved_ones(workdir):
