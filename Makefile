@@ -2,29 +2,35 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+CORE_STAMP := $(VENV)/.core-installed
+TEST_STAMP := $(VENV)/.test-installed
 
 .PHONY: test test-fast demo setup clean
 
-$(STAMP): requirements.txt requirements-interop.txt pyproject.toml
+# What the library, training and the demo need (requirements.txt only).
+$(CORE_STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
 	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q -r requirements-interop.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	touch $(STAMP)
+	touch $(CORE_STAMP)
 
-setup: $(STAMP)
+# The tests also compare against PyTorch / Hugging Face models (requirements-interop.txt).
+$(TEST_STAMP): $(CORE_STAMP) requirements-interop.txt
+	$(PY) -m pip install -q -r requirements-interop.txt
+	touch $(TEST_STAMP)
+
+setup: $(TEST_STAMP)
 
 # The whole suite, slow end-to-end tests included.
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 # Everything but the tests marked slow.
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
-demo: $(STAMP)
+demo: $(CORE_STAMP)
 	$(PY) eval/demo.py --output_dir=demo_out
 
 clean:

@@ -1,8 +1,9 @@
-"""What `make demo` runs: the embedded corpus, four encodings trained at a short length on the
-tiny preset, evaluated at 1x..16x that length; one table side by side, JSON, Markdown and a PNG.
+"""What `make demo` runs: the embedded corpus, rope and bipe_rope (alibi and bipe_alibi are one
+flag away) trained with one budget at a short length on the tiny preset, evaluated at 1x..16x
+that length; one table side by side, the paper's claims checked, JSON, Markdown and a PNG.
 
   python eval/demo.py --output_dir=demo_out [--encodings=rope,bipe_rope,alibi,bipe_alibi]
-      [--steps=300] [--parallel=1] [--seq_len=64] [--multipliers=1,2,4,8,16] [--max_tokens=65536]
+      [--steps=1500] [--parallel=2] [--seq_len=64] [--multipliers=1,2,4,8,16] [--max_tokens=65536]
 
 Running it again reuses finished training runs in <output_dir>/runs/. All logic lives in
 bipe_jax.evaluation.demo.
@@ -26,12 +27,14 @@ _ENCODINGS = flags.DEFINE_string('encodings', ','.join(_D.encodings), 'Encodings
 _STEPS = flags.DEFINE_integer('steps', _D.steps, 'Training steps per encoding.')
 _SEQ_LEN = flags.DEFINE_integer('seq_len', _D.seq_len, 'Training length.')
 _BATCH = flags.DEFINE_integer('batch_size', _D.batch_size, 'Global batch (sequences).')
+_LR = flags.DEFINE_float('learning_rate', _D.learning_rate,
+                         'Peak learning rate (the same for every encoding).')
 _MULTIPLIERS = flags.DEFINE_string('multipliers', ','.join(map(str, _D.multipliers)),
                                    'Evaluation lengths as multiples of the training length.')
 _MAX_TOKENS = flags.DEFINE_integer('max_tokens', _D.max_tokens,
                                    'Validation tokens scored at every length.')
 _PARALLEL = flags.DEFINE_integer('parallel', _D.parallel,
-                                 'Training runs at once (default 1: one after the other).')
+                                 'Training runs at once (default 2, one compute thread each; 1 = one after the other on all cores).')
 _DATA_DIR = flags.DEFINE_string('data_dir', _D.data_dir, 'Where the embedded corpus is built.')
 
 
@@ -41,7 +44,7 @@ def main(argv):
   try:
     plan = demo.DemoPlan(
         encodings=demo.parse_names(_ENCODINGS.value), seq_len=_SEQ_LEN.value,
-        steps=_STEPS.value, batch_size=_BATCH.value,
+        steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,
         multipliers=demo.parse_ints(_MULTIPLIERS.value, 'multipliers'),
         max_tokens=_MAX_TOKENS.value, parallel=_PARALLEL.value, data_dir=os.path.abspath(_DATA_DIR.value),
         output_dir=os.path.abspath(_OUTPUT_DIR.value))

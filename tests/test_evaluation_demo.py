@@ -35,13 +35,59 @@ def test_bad_plans_name_the_flag(kw, match):
 
 
 def test_estimate_skips_finished_runs(tmp_path):
-  plan = demo.DemoPlan(encodings=('rope', 'alibi'), steps=100, output_dir=str(tmp_path))
+  plan = demo.DemoPlan(encodings=('rope', 'alibi'), steps=100, output_dir=str(tmp_path),
+                       parallel=1)
   both = demo.estimate_seconds(plan, data_ready=True)
   (tmp_path / 'runs' / 'rope' / 'checkpoints' / '100').mkdir(parents=True)
   one = demo.estimate_seconds(plan, data_ready=True)
   per_run = demo.SECONDS_TRAIN_STARTUP + 100 * demo.SECONDS_PER_STEP
   assert math.isclose(both - one, per_run)
   assert math.isclose(demo.estimate_seconds(plan, data_ready=False) - one, demo.SECONDS_PREPARE)
+
+
+def test_estimate_side_by_side_runs_in_waves_of_two(tmp_path):
+  plan = demo.DemoPlan(encodings=('rope', 'bipe_rope', 'alibi'), steps=100, parallel=2,
+                       output_dir=str(tmp_path))
+  train_only = demo.estimate_seconds(plan, data_ready=True) - len(plan.encodings) * (
+      demo.SECONDS_EVAL_STARTUP + len(plan.lengths) * plan.max_tokens
+      / demo.EVAL_TOKENS_PER_SECOND)
+  wave = demo.SECONDS_TRAIN_STARTUP + 100 * demo.SECONDS_PER_STEP_SIDE_BY_SIDE
+  assert math.isclose(train_only, 2 * wave)  # three runs, two at a time
+
+
+def test_side_by_side_runs_get_one_thread_each_and_keep_user_flags():
+  plan = demo.DemoPlan(parallel=2)
+  env = demo.train_environment(plan, {'XLA_FLAGS': '--xla_dump_to=/tmp/x', 'HOME': '/h'})
+  assert env['XLA_FLAGS'].startswith('--xla_dump_to=/tmp/x ')
+  assert 'intra_op_parallelism_threads=1' in env['XLA_FLAGS'] and env['HOME'] == '/h'
+  assert 'XLA_FLAGS' not in demo.train_environment(demo.DemoPlan(parallel=1), {})
+  mine = {'XLA_FLAGS': 'intra_op_parallelism_threads=2'}
+  assert demo.train_environment(plan, mine)['XLA_FLAGS'] == 'intra_op_parallelism_threads=2'
+
+
+def test_budget_is_the_same_flags_for_every_encoding():
+  plan = demo.DemoPlan(steps=50, seq_len=32, batch_size=8, learning_rate=1e-3)
+  def budget_flags(encoding):
+    return {a for a in plan.train_command(encoding)[2:]
+            if a.split('=')[0] in ('--config.train.steps', '--config.data.seq_len',
+                                   '--config.train.batch_size', '--config.train.learning_rate',
+                                   '--config.train.warmup_steps')}
+  assert budget_flags('rope') == budget_flags('bipe_alibi')
+  assert '--config.train.learning_rate=0.001' in budget_flags('rope')
+  assert '--config.train.warmup_steps=5' in budget_flags('rope')
+  assert plan.budget['tokens'] == 50 * 32 * 8
+  assert '50 steps x 8 sequences x 32 tokens' in plan.budget_line()
+
+
+def test_paper_comparison_states_both_verdicts():
+  plan = demo.DemoPlan(seq_len=64)
+  ppl = {'rope': {512: 100.0, 1024: 200.0}, 'bipe_rope': {512: 95.0, 1024: 150.0},
+         'alibi': {1024: 50.0}}
+  lines = demo.paper_comparison(plan, ppl)
+  assert lines == [
+      'bipe_rope / rope at 8x (512 tokens): 0.950 (target <= 0.9) — does NOT hold',
+      'bipe_rope / rope at 16x (1024 tokens): 0.750 (target <= 0.8) — holds',
+  ]  # bipe_alibi was not run: no line for it
 
 
 def test_markdown_report_has_table_command_and_date():
@@ -54,5 +100,6 @@ def test_markdown_report_has_table_command_and_date():
                             train_seconds={'rope': 100, 'bipe_rope': 110},
                             eval_seconds={'rope': 5, 'bipe_rope': 6})
   assert '2026-11-22' in md and '`python eval/demo.py`' in md and '10.0 min' in md
+  assert plan.budget_line() in md
   assert '| length | tokens scored | rope | bipe_rope |' in md
   assert f'| 64 | 126 | {math.exp(2.0):.2f} | {math.exp(1.5):.2f} |' in md
