@@ -48,7 +48,7 @@ SECONDS_EVAL_STARTUP = 5.0  # restore + one compilation per length
 class DemoPlan:
   encodings: tuple[str, ...] = ('rope', 'bipe_rope')
   seq_len: int = 64
-  steps: int = 1200
+  steps: int = 1500
   parallel: int = 2  # training runs at once, one compute thread each when > 1
   batch_size: int = 32
   learning_rate: float = 2e-3  # the tiny preset's; warm-up is steps // 10, then cosine decay
