@@ -3,7 +3,7 @@ flag away) trained with one budget at a short length on the tiny preset, evaluat
 that length; one table side by side, the paper's claims checked, JSON, Markdown and a PNG.
 
   python eval/demo.py --output_dir=demo_out [--encodings=rope,bipe_rope,alibi,bipe_alibi]
-      [--steps=1500] [--parallel=2] [--seq_len=64] [--multipliers=1,2,4,8,16] [--max_tokens=65536]
+      [--steps=1500] [--cpu_devices=2] [--parallel=1] [--seq_len=64] [--multipliers=1,2,4,8,16] [--max_tokens=65536]
 
 Running it again reuses finished training runs in <output_dir>/runs/. All logic lives in
 bipe_jax.evaluation.demo.
@@ -34,7 +34,10 @@ _MULTIPLIERS = flags.DEFINE_string('multipliers', ','.join(map(str, _D.multiplie
 _MAX_TOKENS = flags.DEFINE_integer('max_tokens', _D.max_tokens,
                                    'Validation tokens scored at every length.')
 _PARALLEL = flags.DEFINE_integer('parallel', _D.parallel,
-                                 'Training runs at once (default 2, one compute thread each; 1 = one after the other on all cores).')
+                                 'Training runs at once (default 1; more runs side by side get one thread each).')
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', _D.cpu_devices, 'Single-threaded CPU devices per training run (runs one '
+    'at a time); 1 = one device using every core.')
 _DATA_DIR = flags.DEFINE_string('data_dir', _D.data_dir, 'Where the embedded corpus is built.')
 
 
@@ -46,7 +49,8 @@ def main(argv):
         encodings=demo.parse_names(_ENCODINGS.value), seq_len=_SEQ_LEN.value,
         steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,
         multipliers=demo.parse_ints(_MULTIPLIERS.value, 'multipliers'),
-        max_tokens=_MAX_TOKENS.value, parallel=_PARALLEL.value, data_dir=os.path.abspath(_DATA_DIR.value),
+        max_tokens=_MAX_TOKENS.value, parallel=_PARALLEL.value,
+        cpu_devices=_CPU_DEVICES.value, data_dir=os.path.abspath(_DATA_DIR.value),
         output_dir=os.path.abspath(_OUTPUT_DIR.value))
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)

@@ -28,6 +28,8 @@ def test_train_command_sets_the_short_length_and_steps(tmp_path):
     ({'multipliers': ()}, 'multipliers'),
     ({'max_tokens': 100}, 'max_tokens'),
     ({'parallel': 0}, 'parallel'),
+    ({'cpu_devices': 0}, 'cpu_devices'),
+    ({'cpu_devices': 3, 'batch_size': 32}, 'divide'),
 ])
 def test_bad_plans_name_the_flag(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -61,6 +63,8 @@ def test_side_by_side_runs_get_one_thread_each_and_keep_user_flags():
   assert env['XLA_FLAGS'].startswith('--xla_dump_to=/tmp/x ')
   assert 'intra_op_parallelism_threads=1' in env['XLA_FLAGS'] and env['HOME'] == '/h'
   assert 'XLA_FLAGS' not in demo.train_environment(demo.DemoPlan(parallel=1), {})
+  assert '--cpu_devices=1' in plan.train_command('rope')
+  assert '--cpu_devices=2' in demo.DemoPlan(parallel=1, cpu_devices=2).train_command('rope')
   mine = {'XLA_FLAGS': 'intra_op_parallelism_threads=2'}
   assert demo.train_environment(plan, mine)['XLA_FLAGS'] == 'intra_op_parallelism_threads=2'
 

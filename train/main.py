@@ -24,6 +24,10 @@ _COORDINATOR = flags.DEFINE_string('coordinator_address', '',
                                    'host:port of process 0 (multi-process runs).')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', 0, 'Number of processes.')
 _PROCESS_ID = flags.DEFINE_integer('process_id', -1, 'This process index.')
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', 1, 'On a CPU host: split it into this many single-threaded JAX devices and '
+    'train data-parallel across them (2 on a 2-core machine is ~1.3x faster than 1; the global '
+    'batch must divide by it). Inert on GPU/TPU. Default 1: JAX\'s single CPU device.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -31,6 +35,12 @@ def main(argv):
   del argv
   if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax) only when asked
     logging.set_verbosity(logging.WARNING)
+  from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
+  try:
+    cpu_devices.use_cpu_devices(_CPU_DEVICES.value)
+  except cpu_devices.CpuDevicesError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
   from bipe_jax.training import cli  # pylint: disable=g-import-not-at-top
   sys.exit(cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
                    num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value))

@@ -25,18 +25,18 @@ import sys
 import time
 from typing import Sequence
 
+from bipe_jax.training import cpu_devices
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_SCRIPT = os.path.join(ROOT, 'train', 'main.py')
 
-# For the up-front time estimate only, from measurements on the project's 2-core CPU machine:
-# a step of the tiny preset at seq_len 64, batch 32 takes ~0.22 s wall alone on both cores
-# (9.5k tokens/s), or ~0.36 s in each of two single-threaded runs side by side (5.7k tokens/s
-# each, 11.5k together: small matmuls use two processes better than two threads); a training
+# For the up-front time estimate only, from measurements on the project's 2-core CPU machine,
+# tiny preset at seq_len 64, batch 32: a step takes ~0.165 s wall on two single-threaded CPU
+# devices (`train/main.py --cpu_devices=2`, 12.5k tokens/s; one device on both cores: 0.22 s),
+# or ~0.36 s in each of two single-threaded runs side by side (--parallel=2); a training
 # subprocess spends ~12 s in imports, compilation and checkpointing.
-SECONDS_PER_STEP = 0.22
+SECONDS_PER_STEP = 0.165
 SECONDS_PER_STEP_SIDE_BY_SIDE = 0.36
-# XLA flags for a run that shares the cores with another run: one compute thread each.
-SINGLE_THREAD_XLA_FLAGS = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
 
 SECONDS_TRAIN_STARTUP = 12.0
 SECONDS_PREPARE = 30.0  # building the embedded corpus + tokenizer when missing
@@ -49,7 +49,8 @@ class DemoPlan:
   encodings: tuple[str, ...] = ('rope', 'bipe_rope')
   seq_len: int = 64
   steps: int = 1500
-  parallel: int = 2  # training runs at once, one compute thread each when > 1
+  parallel: int = 1  # training runs at once; when > 1 each gets one single-threaded device
+  cpu_devices: int = 2  # single-threaded CPU devices per run when runs go one at a time
   batch_size: int = 32
   learning_rate: float = 2e-3  # the tiny preset's; warm-up is steps // 10, then cosine decay
   multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -57,6 +58,10 @@ class DemoPlan:
   config: str = 'configs/tiny.py'
   data_dir: str = 'data_cache'
   output_dir: str = 'demo_out'
+
+  @property
+  def devices_per_run(self) -> int:
+    return 1 if self.parallel > 1 else self.cpu_devices
 
   @property
   def warmup_steps(self) -> int:
@@ -89,6 +94,7 @@ class DemoPlan:
     return [
         sys.executable, TRAIN_SCRIPT, f'--config={os.path.join(ROOT, self.config)}',
         f'--workdir={self.workdir(encoding)}',
+        f'--cpu_devices={self.devices_per_run}',
         f'--config.model.position_encoding={encoding}',
         f'--config.data.seq_len={self.seq_len}',
         f'--config.data.data_dir={self.data_dir}',
@@ -110,9 +116,12 @@ class DemoPlan:
     if bad or not self.encodings:
       raise ValueError(f'--encodings: {bad or "(none)"} not valid; allowed: '
                        f'{", ".join(schemes.SCHEME_NAMES)}')
-    for name in ('seq_len', 'steps', 'batch_size', 'max_tokens', 'parallel'):
+    for name in ('seq_len', 'steps', 'batch_size', 'max_tokens', 'parallel', 'cpu_devices'):
       if getattr(self, name) < (2 if name == 'seq_len' else 1):
         raise ValueError(f'--{name}={getattr(self, name)}: must be positive')
+    if self.batch_size % self.devices_per_run:
+      raise ValueError(f'--batch_size={self.batch_size} must divide by --cpu_devices='
+                       f'{self.devices_per_run} (the batch is split across the devices)')
     if not 0 < self.learning_rate < 1:
       raise ValueError(f'--learning_rate={self.learning_rate}: must be in (0, 1)')
     if not self.multipliers or min(self.multipliers) < 1:
@@ -149,8 +158,8 @@ def train_environment(plan: DemoPlan, base: dict | None = None) -> dict:
   A user's own XLA_FLAGS are kept; the thread flags are added only when they set none.
   """
   env = dict(os.environ if base is None else base, PYTHONUNBUFFERED='1')
-  if plan.parallel > 1 and 'intra_op_parallelism_threads' not in env.get('XLA_FLAGS', ''):
-    env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {SINGLE_THREAD_XLA_FLAGS}'.strip()
+  if plan.parallel > 1:
+    env['XLA_FLAGS'] = cpu_devices.xla_flags_with_single_threads(env.get('XLA_FLAGS', ''))
   return env
 
 
