@@ -1,5 +1,6 @@
 """Evaluation: perplexity against length (`perplexity`), restoring runs from training workdirs
-(`runs`), the plot (`plot`) and the arithmetic task's accuracy by length (`arithmetic_accuracy`).
+(`runs`), the plot (`plot`), the arithmetic task's accuracy by length (`arithmetic_accuracy`)
+and its depth x operators experiment (`arithmetic_sweep`).
 
 Import the submodules directly; this package imports nothing heavy on its own.
 """

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bipe_jax.tasks import arithmetic
+from bipe_jax.tasks import modular_expressions as expressions
 
 ApplyFn = Callable[..., jax.Array]  # apply_fn(params, tokens_BxL) -> logits [B, L, V]
 
@@ -71,7 +72,7 @@ class LengthAccuracy:
   num_ops: int
   count: int
   answer_correct: int  # final answer right
-  chain_correct: int  # every step right (the whole solution text)
+  chain_correct: int  # every generated step a valid one-operator reduction, answer right
   mean_tokens: float  # mean length of the full problem sequence (<bos> ... <eos>)
 
   @property
@@ -88,9 +89,35 @@ class LengthAccuracy:
                 chain_correct=self.chain_correct, mean_tokens=self.mean_tokens)
 
 
-def final_answer(generated_text: str) -> str:
-  """The text after the last separator of a generated solution ('' when nothing came)."""
-  return generated_text.rsplit(arithmetic.SEPARATOR, 1)[-1]
+def score_solution(generated_ids: Sequence[int],
+                   problem: arithmetic.Problem) -> tuple[bool, bool]:
+  """(answer right, chain valid) of a generated continuation of `<bos> expression =`.
+
+  The answer is right when the generation ends with `<eos>` and its last step (the pieces
+  after the last '=') is the reference answer. The chain is valid when, in addition, every
+  step is a one-operator reduction of the step before it
+  (modular_expressions.is_one_reduction): the reduction order of the data is random, so a
+  chain other than the reference can be right.
+  """
+  tok = arithmetic.ArithmeticTokenizer()
+  ids = list(generated_ids)
+  if not ids or ids[-1] != tok.eos_id:
+    return False, False
+  steps, current = [], []
+  for i in ids[:-1]:
+    if i == tok.separator_id:
+      steps.append(current)
+      current = []
+    elif i < len(arithmetic.SPECIALS):
+      return False, False  # a <bos>/<unk> inside a solution
+    else:
+      current.append(tok.id_to_piece(i))
+  steps.append(current)
+  answer_ok = steps[-1] == arithmetic.split_pieces(problem.answer)
+  chain = [arithmetic.split_pieces(problem.expression)] + steps
+  chain_ok = answer_ok and all(expressions.is_one_reduction(a, b, problem.modulus)
+                               for a, b in zip(chain, chain[1:]))
+  return answer_ok, chain_ok
 
 
 def teacher_forced_chain_correct(apply_fn: ApplyFn, params, sequences: Sequence[Sequence[int]],
@@ -99,7 +126,8 @@ def teacher_forced_chain_correct(apply_fn: ApplyFn, params, sequences: Sequence[
   """bool [N]: whether greedy decoding from each prompt would reproduce the rest of its
   sequence exactly (every argmax along the reference continuation is the reference token).
 
-  Equivalent to greedy decoding + exact match of the whole solution, with one forward pass.
+  Equivalent to greedy decoding + exact match of the whole reference solution, with one
+  forward pass.
   """
   forward = forward or jax.jit(apply_fn)
   out = np.zeros(len(sequences), bool)
@@ -118,15 +146,17 @@ def teacher_forced_chain_correct(apply_fn: ApplyFn, params, sequences: Sequence[
 def accuracy_by_length(apply_fn: ApplyFn, params, problems: dict[int, list[arithmetic.Problem]],
                        *, batch_size: int = 64, max_len: int | None = None,
                        progress: Callable[[int], None] | None = None) -> list[LengthAccuracy]:
-  """Greedy-decodes every problem from its prompt `<bos> expr =` and scores exact matches.
+  """Greedy-decodes every problem from its prompt `<bos> expr =` and scores it
+  (`score_solution`).
 
-  A teacher-forced pass first finds the problems whose whole greedy solution would be the
-  reference (then the answer is right too); only the others are decoded token by token to see
-  whether their final answer is right anyway. Same result as decoding all, less work.
+  A teacher-forced pass first finds the problems whose greedy solution would be the reference
+  (then answer and chain are right); only the others are decoded token by token. Same result
+  as decoding all, less work. max_len (default: the longest chain the operator counts allow,
+  plus <bos>/<eos>) bounds the decoding.
   """
   tok = arithmetic.ArithmeticTokenizer()
-  longest = max(len(p.text) + 2 for ps in problems.values() for p in ps)
-  max_len = max_len or longest + 8  # room for a slightly too long wrong answer
+  longest = max(expressions.max_chain_tokens(n) for n in problems) + 2
+  max_len = max_len or longest
   step_fn = make_greedy_step(apply_fn)
   forward = jax.jit(apply_fn)
   results = []
@@ -142,12 +172,11 @@ def accuracy_by_length(apply_fn: ApplyFn, params, problems: dict[int, list[arith
                            step_fn=step_fn) if todo else []
     answer_ok = chain_ok = int(chain.sum())
     for i, ids in zip(todo, outs):
-      ended = bool(ids) and ids[-1] == tok.eos_id
-      text = tok.decode(ids)
-      answer_ok += int(ended and final_answer(text) == ps[i].answer)
-      chain_ok += int(ended and text == ps[i].text[len(ps[i].prompt):])
+      a, c = score_solution(ids, ps[i])
+      answer_ok += int(a)
+      chain_ok += int(c)
     results.append(LengthAccuracy(n, len(ps), answer_ok, chain_ok,
-                                  float(np.mean([len(p.text) + 2 for p in ps]))))
+                                  float(np.mean([len(x) for x in full]))))
     if progress:
       progress(n)
   return results
@@ -155,7 +184,7 @@ def accuracy_by_length(apply_fn: ApplyFn, params, problems: dict[int, list[arith
 
 def format_accuracy_table(results: dict[str, Sequence[LengthAccuracy]],
                           train_max_ops: int | None = None) -> str:
-  """Markdown table: operators / mean tokens / answer accuracy (chain accuracy) per run."""
+  """Markdown table: operators / mean tokens / answer accuracy (valid-chain accuracy) per run."""
   labels = list(results)
   by = {lab: {r.num_ops: r for r in rows} for lab, rows in results.items()}
   ops = sorted({r.num_ops for rows in results.values() for r in rows})

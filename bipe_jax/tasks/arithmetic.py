@@ -1,44 +1,65 @@
-"""Arithmetic chain-of-thought task: modular expressions solved one reduction per step.
+"""Arithmetic chain-of-thought task of the BiPE paper (He et al. 2024, after Feng et al. 2023).
 
-A problem is an expression over the integers mod `p` (p <= 10, so every number is one
-character) with the operators + - * and parentheses. Its solution is written step by step,
-each step doing exactly one reduction (one operator applied, and the parentheses around a
-number that results removed in the same step); the steps are joined by '=', the separator
-token, so every step is one BiPE segment:
+A problem is an expression over the integers mod a prime p (p = 11 in the paper) with the
+operators + - * / and parentheses; its solution is written step by step, each step evaluating
+exactly one operator, the steps joined by '=' (see `modular_expressions` for how problems and
+their chains are generated, and docs/arithmetic_task.md for the paper's setting):
 
-    3*(4+5)-1=3*2-1=6-1=5         (mod 7)
+    3*(10-4)/2=3*6/2=3*3=9         (mod 11)
 
-A training row is a packed stream of `<bos> problem <eos>` sequences cut to `seq_len`.
-Evaluation prompts are `<bos> expression =`; the model must write the remaining steps and the
-final answer, then `<eos>`. The train/eval split is by length: training problems have
-`train_min_ops..train_max_ops` operators, evaluation problems `train_max_ops+1..eval_max_ops`.
+'=' is the separator, so every step is one BiPE segment. A training row packs
+`<bos> problem <eos>` sequences, each row starting with a problem, cut to `seq_len` (the cut
+tail is kept as a prefix of a problem). The config (configs/arithmetic_tiny.py) restarts the
+positions at every `<bos>` and masks attention across problems, so every problem is seen as
+if it were alone in its row (as in Feng et al., one problem per sequence) and its bilevel
+positions are: `<bos>` and the expression up to its '=' are segment 0 (intra 0, 1, ...), each
+later step one segment (intra from 0), the answer and `<eos>` the last one.
+
+Evaluation prompts are `<bos> expression =`; the model writes the remaining steps and `<eos>`.
+Training problems have `train_min_ops..train_max_ops` operators, drawn with probability
+proportional to the count (Feng et al. add fewer-operator problems in that proportion);
+held-out problems of those counts form the 'test' split, longer ones (`train_max_ops + 1 ..
+eval_max_ops`) the 'eval' split.
 
 Data fields read (all optional, with defaults): data.seed, data.seq_len,
-data.arithmetic_modulus (7), data.arithmetic_train_min_ops (1), data.arithmetic_train_max_ops (5),
-data.arithmetic_eval_max_ops (8).
+data.arithmetic_modulus (11), data.arithmetic_train_min_ops (1), data.arithmetic_train_max_ops
+(5), data.arithmetic_eval_max_ops (8).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Iterable, Sequence
 
 import grain
 import numpy as np
 
+from bipe_jax.tasks import modular_expressions as expressions
+
 # Vocabulary: specials first (ids 0..2 agree with configs/base.py: unk 0, bos 1, eos 2).
 SPECIALS = ('<unk>', '<bos>', '<eos>')
-CHARS = tuple('0123456789') + ('+', '-', '*', '(', ')', '=')
-VOCAB = SPECIALS + CHARS
+SYMBOLS = expressions.OPERATORS + expressions.PARENTHESES + ('=',)
+NUMBERS = tuple(str(i) for i in range(expressions.MAX_MODULUS))
+VOCAB = SPECIALS + SYMBOLS + NUMBERS
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 SEPARATOR = '='
-OPERATORS = ('+', '-', '*')
-_PRECEDENCE = {'+': 1, '-': 1, '*': 2}
+_PIECE = re.compile(r'10|[0-9]|[-+*/()=]')  # '10' first: numbers are never adjacent
 _SPLIT_IDS = {'train': 0, 'eval': 1, 'test': 2}
 
 
+def split_pieces(text: str) -> list[str]:
+  """'3*(10-4)=' -> ['3', '*', '(', '10', '-', '4', ')', '=']; ValueError on other text."""
+  pieces = _PIECE.findall(text)
+  if ''.join(pieces) != text:
+    raise ValueError(f'arithmetic tokenizer: {text!r} has characters outside '
+                     f'{"".join(SYMBOLS)} and the numbers 0..{len(NUMBERS) - 1}')
+  return pieces
+
+
 class ArithmeticTokenizer:
-  """Character-level tokenizer with the data pipeline's Tokenizer interface."""
+  """Tokenizer of the task (one token per number, operator, parenthesis or '='), with the
+  data pipeline's Tokenizer interface."""
 
   path = ''
 
@@ -65,17 +86,16 @@ class ArithmeticTokenizer:
   def unk_id(self) -> int:
     return UNK_ID
 
+  @property
+  def separator_id(self) -> int:
+    return self._id[SEPARATOR]
+
   def encode(self, text, add_bos: bool = False, add_eos: bool = False):
-    """Characters -> ids (a list of strings -> a list of id lists); a character outside the
-    vocabulary is a ValueError. No BOS/EOS unless asked (as the SentencePiece wrapper)."""
+    """Text -> ids (a list of strings -> a list of id lists); ValueError on text outside the
+    vocabulary. No BOS/EOS unless asked (as the SentencePiece wrapper)."""
     if not isinstance(text, str):
       return [self.encode(t, add_bos, add_eos) for t in text]
-    ids = []
-    for ch in text:
-      if ch not in self._id or ch in SPECIALS:
-        raise ValueError(f'arithmetic tokenizer: character {ch!r} is not in the vocabulary '
-                         f'{"".join(CHARS)!r}')
-      ids.append(self._id[ch])
+    ids = [self._id[c] for c in split_pieces(text)]
     return ([BOS_ID] if add_bos else []) + ids + ([EOS_ID] if add_eos else [])
 
   def encode_document(self, text: str) -> np.ndarray:
@@ -90,6 +110,10 @@ class ArithmeticTokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     """Ids -> text, special tokens dropped."""
+    return ''.join(self.decode_pieces(ids))
+
+  def decode_pieces(self, ids: Iterable[int]) -> list[str]:
+    """Ids -> pieces, special tokens dropped; ValueError on an id outside the vocabulary."""
     out = []
     for i in np.asarray(ids).reshape(-1):
       i = int(i)
@@ -97,14 +121,14 @@ class ArithmeticTokenizer:
         raise ValueError(f'arithmetic tokenizer: id {i} outside [0, {len(VOCAB)})')
       if i >= len(SPECIALS):
         out.append(VOCAB[i])
-    return ''.join(out)
+    return out
 
   def separator_ids(self, rule='auto') -> tuple[int, ...]:
     """The step separator '=' for every named rule ('auto', 'newline', 'official': this task
     has one separator); an explicit id list is checked and returned sorted."""
     if isinstance(rule, str):
       if rule in ('auto', 'newline', 'official'):
-        return (self._id[SEPARATOR],)
+        return (self.separator_id,)
       raise ValueError(f"separator rule {rule!r}: expected 'auto', 'newline', 'official' or a "
                        'list of ids')
     ids = tuple(sorted({int(i) for i in rule}))
@@ -120,71 +144,7 @@ def get_tokenizer(data_config=None) -> ArithmeticTokenizer:
 
 
 # ---------------------------------------------------------------------------------------------
-# Generation and step-by-step solution (pure Python on character lists).
-
-
-def random_expression(rng: np.random.Generator, num_ops: int, modulus: int) -> str:
-  """A random expression with exactly `num_ops` operators and only the parentheses it needs."""
-  return _render(_random_tree(rng, num_ops, modulus))
-
-
-def _random_tree(rng, num_ops, modulus):
-  if num_ops == 0:
-    return int(rng.integers(modulus))
-  op = OPERATORS[int(rng.integers(len(OPERATORS)))]
-  left_ops = int(rng.integers(num_ops))
-  return (op, _random_tree(rng, left_ops, modulus), _random_tree(rng, num_ops - 1 - left_ops,
-                                                                   modulus))
-
-
-def _render(tree) -> str:
-  if isinstance(tree, int):
-    return str(tree)
-  op, left, right = tree
-  left_s, right_s = _render(left), _render(right)
-  if not isinstance(left, int) and _PRECEDENCE[left[0]] < _PRECEDENCE[op]:
-    left_s = f'({left_s})'
-  if not isinstance(right, int):
-    child = _PRECEDENCE[right[0]]
-    if child < _PRECEDENCE[op] or (op == '-' and child == _PRECEDENCE['-']):
-      right_s = f'({right_s})'
-  return f'{left_s}{op}{right_s}'
-
-
-def reduce_once(expr: str, modulus: int) -> str:
-  """One reduction: in the first innermost parenthesised group (else the whole expression),
-  apply the leftmost '*' if any, else the leftmost '+'/'-'; drop parentheses left around a
-  single number. Numbers are single digits (modulus <= 10)."""
-  chars = list(expr)
-  start, end = 0, len(chars)  # the span [start, end) holds no parentheses
-  for i, ch in enumerate(chars):
-    if ch == '(':
-      start = i + 1
-    elif ch == ')':
-      end = i
-      break
-  if start > 0 and end == len(chars):
-    raise ValueError(f'unbalanced parentheses in {expr!r}')
-  span = chars[start:end]
-  ops = [i for i, ch in enumerate(span) if ch == '*'] or [
-      i for i, ch in enumerate(span) if ch in '+-']
-  if not ops:
-    raise ValueError(f'nothing to reduce in {expr!r}')
-  k = ops[0]
-  a, op, b = int(span[k - 1]), span[k], int(span[k + 1])
-  value = {'+': a + b, '-': a - b, '*': a * b}[op] % modulus
-  span = span[:k - 1] + [str(value)] + span[k + 2:]
-  if start > 0 and len(span) == 1:  # '(n)' -> 'n'
-    return ''.join(chars[:start - 1] + span + chars[end + 1:])
-  return ''.join(chars[:start] + span + chars[end:])
-
-
-def solve_steps(expr: str, modulus: int) -> list[str]:
-  """[expr, step1, ..., answer]: one reduction per step until a single number is left."""
-  steps = [expr]
-  while len(steps[-1]) > 1:
-    steps.append(reduce_once(steps[-1], modulus))
-  return steps
+# Problems.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +152,7 @@ class Problem:
   expression: str
   steps: tuple[str, ...]  # expression first, answer last
   num_ops: int
+  modulus: int
 
   @property
   def answer(self) -> str:
@@ -209,8 +170,9 @@ class Problem:
 
 
 def make_problem(rng: np.random.Generator, num_ops: int, modulus: int) -> Problem:
-  expr = random_expression(rng, num_ops, modulus)
-  return Problem(expr, tuple(solve_steps(expr, modulus)), num_ops)
+  """A random problem with `num_ops` operators and its chain (Feng et al.'s generation)."""
+  steps = tuple(''.join(s) for s in expressions.solution_chain(rng, num_ops, modulus))
+  return Problem(steps[0], steps, num_ops, modulus)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,28 +181,31 @@ def make_problem(rng: np.random.Generator, num_ops: int, modulus: int) -> Proble
 
 @dataclasses.dataclass(frozen=True)
 class TaskSettings:
-  modulus: int = 7
+  modulus: int = 11
   train_min_ops: int = 1
   train_max_ops: int = 5
   eval_max_ops: int = 8
   seq_len: int = 128
   seed: int = 0
 
+  def train_ops_probabilities(self) -> np.ndarray:
+    """float [train_max_ops - train_min_ops + 1]: P(k operators) proportional to k."""
+    counts = np.arange(self.train_min_ops, self.train_max_ops + 1, dtype=np.float64)
+    return counts / counts.sum()
+
 
 def settings_from_config(data_config) -> TaskSettings:
   """Reads the task's fields from config.data (ConfigDict or dict), validating them."""
   get = data_config.get
   s = TaskSettings(
-      modulus=int(get('arithmetic_modulus', 7)),
+      modulus=expressions.check_modulus(get('arithmetic_modulus', 11),
+                                        'data.arithmetic_modulus'),
       train_min_ops=int(get('arithmetic_train_min_ops', 1)),
       train_max_ops=int(get('arithmetic_train_max_ops', 5)),
       eval_max_ops=int(get('arithmetic_eval_max_ops', 8)),
       seq_len=int(get('seq_len', 128)),
       seed=int(get('seed', 0)),
   )
-  if not 2 <= s.modulus <= 10:
-    raise ValueError(f'data.arithmetic_modulus={s.modulus}: allowed 2..10 (one character per '
-                     'number)')
   if not 1 <= s.train_min_ops <= s.train_max_ops:
     raise ValueError(f'data.arithmetic_train_min_ops={s.train_min_ops}, '
                      f'data.arithmetic_train_max_ops={s.train_max_ops}: need 1 <= min <= max')
@@ -279,13 +244,15 @@ def problems_by_length(settings: TaskSettings, split: str, per_length: int,
 
 
 def training_row(settings: TaskSettings, row_index: int) -> np.ndarray:
-  """Row `row_index` of the infinite training stream: packed `<bos> problem <eos>` sequences of
-  training length, cut to seq_len (the cut tail is dropped). int32 [seq_len]."""
+  """Row `row_index` of the infinite training stream: packed `<bos> problem <eos>` sequences,
+  operator counts drawn by `train_ops_probabilities`, cut to seq_len. int32 [seq_len]."""
   rng = _rng(settings.seed, 'train', row_index)
   tok = ArithmeticTokenizer()
+  counts = np.arange(settings.train_min_ops, settings.train_max_ops + 1)
+  probs = settings.train_ops_probabilities()
   ids: list[int] = []
   while len(ids) < settings.seq_len:
-    n = int(rng.integers(settings.train_min_ops, settings.train_max_ops + 1))
+    n = int(rng.choice(counts, p=probs))
     ids += tok.encode(make_problem(rng, n, settings.modulus).text, add_bos=True, add_eos=True)
   return np.asarray(ids[:settings.seq_len], np.int32)
 
@@ -326,7 +293,10 @@ def eval_stream(settings: TaskSettings, split: str = 'validation',
 def make_eval_blocks(data_config, length: int, split: str = 'validation',
                      max_tokens: int | None = None, stride: int | None = None):
   """(tokens [N, length] int32, target_mask [N, length] bool) over the packed held-out problems
-  (same contract as bipe_jax.data.make_eval_blocks; 65536 tokens unless max_tokens)."""
+  (same contract as bipe_jax.data.make_eval_blocks; 65536 tokens unless max_tokens). A block
+  may start inside a problem: with the task's config that partial problem is positioned from
+  the block start, the following ones from their own `<bos>` (accuracy, not perplexity, is the
+  task's measure: bipe_jax.evaluation.arithmetic_accuracy)."""
   from bipe_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   settings = settings_from_config(data_config)
   stream = eval_stream(settings, split, int(max_tokens or 65536))
