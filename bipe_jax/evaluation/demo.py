@@ -171,7 +171,10 @@ def train_run(plan: DemoPlan, encoding: str, log) -> float:
     return 0.0
   os.makedirs(workdir, exist_ok=True)
   cmd = plan.train_command(encoding)
-  log(f'[{encoding}] training: {" ".join(cmd[1:])}')
+  command_file = os.path.join(workdir, 'command.txt')
+  with open(command_file, 'w', encoding='utf-8') as f:
+    f.write(' '.join(['python'] + cmd[1:]) + '\n')
+  log(f'[{encoding}] training in {workdir} (its command: {command_file}; its log: train.log)')
   start = time.perf_counter()
   with open(os.path.join(workdir, 'train.log'), 'a', encoding='utf-8') as err:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
@@ -280,12 +283,12 @@ def run_demo(plan: DemoPlan, *, command: str, log=print) -> dict:
   for encoding in plan.encodings:
     start = time.perf_counter()
     run = runs_lib.load_run(plan.workdir(encoding), attention_impl='blockwise')
-    log(f'[{encoding}] evaluating step {run.step} at {plan.lengths}')
-    results = sweep.evaluate_run(
-        run, plan.lengths, max_tokens=plan.max_tokens, data_config=data_config,
-        on_result=lambda r, e=encoding: log(f'[{e}] length {r.length:>6}: perplexity '
-                                            f'{r.perplexity:9.3f} ({r.tokens} tokens)'))
+    results = sweep.evaluate_run(run, plan.lengths, max_tokens=plan.max_tokens,
+                                 data_config=data_config)
     eval_seconds[encoding] = time.perf_counter() - start
+    log(f'[{encoding}] evaluated step {run.step} at lengths {plan.lengths[0]}..'
+        f'{plan.lengths[-1]} in {eval_seconds[encoding]:.0f} s: perplexity '
+        + ', '.join(f'{r.perplexity:.1f}' for r in results))
     entries.append(sweep.run_entry(encoding, run, results))
     tables[encoding] = results
   wall = time.perf_counter() - wall_start
