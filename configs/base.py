@@ -63,6 +63,9 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.validation_fraction = 0.05  # documents held out for validation (embedded, text_folder)
   d.num_epochs = 0  # 0 = repeat the training split forever (reshuffled every epoch)
   d.num_threads = 2  # tokenisation threads of the training pipeline (0 = in the caller)
+  # Packed rows are shuffled in windows of this many rows, so a batch mixes many documents
+  # (0 = rows in document order, as packed; see bipe_jax/data/packing.py).
+  d.shuffle_window = 4096
   return d
 
 

@@ -1,4 +1,4 @@
-"""Concatenate-and-split packing: hand example, NumPy reference, exact resume from any state."""
+"""Concatenate-and-split packing and row mixing: hand example, NumPy reference, exact resume."""
 
 import json
 
@@ -19,8 +19,7 @@ def test_hand_example():
   np.testing.assert_array_equal(rows, [[1, 5, 6, 1], [7, 1, 8, 9], [10, 11, 1, 12]])
   np.testing.assert_array_equal(ids, [[0, 0, 0, 1], [0, 1, 1, 1], [0, 0, 1, 1]])
   assert tail == 0
-  it = iter(packing.PackedRowsIterDataset(docs_dataset(docs), 4, document_ids=True))
-  got = list(it)
+  got = list(packing.pack_rows(docs_dataset(docs), 4, document_ids=True))
   np.testing.assert_array_equal([g['tokens'] for g in got], rows)
   np.testing.assert_array_equal([g['document_ids'] for g in got], ids)
 
@@ -60,13 +59,13 @@ def test_iterator_matches_references(seed, seq_len, max_len):
   np.testing.assert_array_equal(rows, ref_rows)
   np.testing.assert_array_equal(ids, ref_ids)
   assert tail == ref_tail
-  it = iter(packing.PackedRowsIterDataset(docs_dataset(docs), seq_len, document_ids=True))
+  it = iter(packing.pack_rows(docs_dataset(docs), seq_len, document_ids=True))
   got = list(it)
   np.testing.assert_array_equal(np.array([g['tokens'] for g in got]).reshape(-1, seq_len), rows)
   np.testing.assert_array_equal(np.array([g['document_ids'] for g in got]).reshape(-1, seq_len),
                                 ids)
-  # Every token is in a row or in the reported tail, exactly once.
-  assert rows.size + it.dropped_tail_tokens == sum(len(d) for d in docs)
+  # Every token is in a row or in the dropped tail, exactly once.
+  assert rows.size + tail == sum(len(d) for d in docs)
   assert it.dropped_tail_tokens == tail
   # A document id restarts at 0 in each row and steps by one exactly where a BOS starts a doc.
   steps = np.diff(ids, axis=1)
@@ -76,7 +75,7 @@ def test_iterator_matches_references(seed, seq_len, max_len):
 
 def test_resume_from_every_row_gives_the_same_rows():
   docs = random_docs(np.random.default_rng(5), 25, 20)
-  ds = packing.PackedRowsIterDataset(docs_dataset(docs), 7, document_ids=True)
+  ds = packing.pack_rows(docs_dataset(docs), 7, document_ids=True)
   it = iter(ds)
   states, rows = [], []
   while True:
@@ -96,6 +95,44 @@ def test_resume_from_every_row_gives_the_same_rows():
       np.testing.assert_array_equal(a['document_ids'], b['document_ids'])
 
 
-def test_seq_len_must_be_positive():
-  with pytest.raises(ValueError, match='seq_len must be >= 1, got 0'):
-    packing.PackedRowsIterDataset(docs_dataset([[1]]), 0)
+def test_seq_len_and_window_must_be_valid():
+  with pytest.raises(ValueError, match='seq_len must be an integer >= 1, got 0'):
+    packing.pack_rows(docs_dataset([[1]]), 0)
+  with pytest.raises(ValueError, match='data.shuffle_window must be an integer >= 0'):
+    packing.mix_rows(docs_dataset([[1]]), -1, seed=0)
+
+
+def marked_docs(n, length):
+  """Document i is BOS + `length` tokens all equal to 10 + i: every token names its document."""
+  return [np.concatenate([[1], np.full(length, 10 + i)]).astype(np.int32) for i in range(n)]
+
+
+def documents_per_batch(batches):
+  return [len(set(np.unique(b['tokens'])) - {1}) for b in batches]
+
+
+def test_mixed_batches_draw_from_many_documents_and_keep_every_row():
+  docs = marked_docs(200, 199)  # 200 tokens per document: 25 rows of 8 each
+  in_order = list(packing.pack_rows(docs_dataset(docs), 8).batch(10, drop_remainder=True))
+  mixed = list(packing.mix_rows(packing.pack_rows(docs_dataset(docs), 8), 1000, seed=3)
+               .batch(10, drop_remainder=True))
+  assert max(documents_per_batch(in_order)) <= 2  # what training used to see
+  assert np.mean(documents_per_batch(mixed)) >= 7  # 10 rows from a window of 40 documents
+  # The same rows, only reordered.
+  key = lambda batches: sorted(tuple(r) for b in batches for r in b['tokens'])
+  assert key(mixed) == key(in_order)
+
+
+def test_mixed_rows_resume_exactly_mid_window():
+  docs = marked_docs(60, 37)
+  ds = packing.mix_rows(packing.pack_rows(docs_dataset(docs), 6, document_ids=True), 16, seed=1)
+  it = iter(ds)
+  for _ in range(21):  # into the second window
+    next(it)
+  state = json.loads(json.dumps(it.get_state()))
+  want = [next(it) for _ in range(30)]
+  fresh = iter(ds)
+  fresh.set_state(state)
+  for a, b in zip([next(fresh) for _ in range(30)], want):
+    np.testing.assert_array_equal(a['tokens'], b['tokens'])
+    np.testing.assert_array_equal(a['document_ids'], b['document_ids'])

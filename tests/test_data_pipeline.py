@@ -19,7 +19,7 @@ def config(tmp_path_factory):
   root = tmp_path_factory.mktemp('pipeline')
   corpus.write_corpus(root / 'texts', 40)
   c = corpus.folder_config(root / 'texts', root / 'data', tokenizer_vocab_size=320,
-                           seq_len=16, num_threads=1, prefetch=1)
+                           seq_len=16, num_threads=1, prefetch=1, shuffle_window=32)
   prepared = data_lib.prepare(c)
   assert prepared.built and prepared.trained_tokenizer
   again = data_lib.prepare(c)
@@ -44,6 +44,13 @@ def stream_of(it, num_rows):
   return np.array(rows[:num_rows]), ids[:num_rows]
 
 
+def in_order(config):
+  """The config with rows in packing order (shuffle_window=0), to read them as one stream."""
+  c = config.copy_and_resolve_references()
+  c.shuffle_window = 0
+  return c
+
+
 def cut_at_bos(stream):
   starts = list(np.flatnonzero(np.asarray(stream) == BOS)) + [len(stream)]
   assert starts[0] == 0
@@ -51,7 +58,7 @@ def cut_at_bos(stream):
 
 
 def test_every_token_once_per_epoch_with_document_ids(config):
-  c = config.copy_and_resolve_references()
+  c = in_order(config)
   c.document_ids = True
   docs = split_docs(c, 'train')
   total = sum(len(d) for d in docs)
@@ -113,13 +120,49 @@ def test_processes_partition_the_documents(config):
   docs = split_docs(config, 'train')
   per_process = []
   for p in range(3):
-    it = data_lib.make_train_iterator(config, 2, process_index=p, process_count=3)
+    it = data_lib.make_train_iterator(in_order(config), 2, process_index=p, process_count=3)
     per_process.append(first_epoch_docs(it, config.seq_len))
     it.close()
   sets = [set(s) for s in per_process]
   assert all(len(s) == len(p) for s, p in zip(sets, per_process))
   assert not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
   assert sets[0] | sets[1] | sets[2] == set(docs)
+
+
+def row_documents(config):
+  """{row tuple: index of the document holding its first token} for one in-order epoch."""
+  c = in_order(config)
+  c.num_epochs = 1
+  owner, doc = {}, -1
+  for batch in data_lib.make_train_iterator(c, 1):
+    row = batch['tokens'][0]
+    if row[0] == BOS:
+      doc += 1
+    owner[tuple(int(t) for t in row)] = max(doc, 0)
+    doc += int(np.sum(row[1:] == BOS))
+  return owner
+
+
+def test_a_batch_mixes_rows_of_many_documents(config):
+  owner = row_documents(config)
+  assert len(set(owner.values())) == 30 and len(owner) > 200  # 30 training documents
+  ordered = data_lib.make_train_iterator(in_order(config), 8)
+  wide = config.copy_and_resolve_references()
+  wide.shuffle_window = len(owner)  # about one epoch of rows
+  mixed = data_lib.make_train_iterator(wide, 8)
+  def docs_per_batch(it):
+    return [len({owner[tuple(int(t) for t in r)] for r in next(it)['tokens']}) for _ in range(4)]
+  before, after = docs_per_batch(ordered), docs_per_batch(mixed)
+  assert max(before) <= 3 < min(after), (before, after)
+  for it in (ordered, mixed):
+    it.close()
+
+
+def test_bad_shuffle_window_names_the_field(config):
+  c = config.copy_and_resolve_references()
+  c.shuffle_window = -1
+  with pytest.raises(ValueError, match='data.shuffle_window'):
+    data_lib.make_train_iterator(c, 2)
 
 
 def test_finite_epochs_stop(config):

@@ -4,8 +4,10 @@ Training (`make_train_iterator`): the train split's documents, this process's sh
 (`[process_index::process_count]`, so processes never overlap), shuffled with `data.seed`
 (reshuffled every epoch, repeated forever unless `data.num_epochs` > 0), tokenised with BOS per
 document on `data.num_threads` threads, packed concatenate-and-split into rows of `data.seq_len`
-(optionally with document ids), batched, prefetched. Deterministic for a seed; its iterator
-has get_state()/set_state() (JSON-able dicts) and grain's Orbax save/load.
+(optionally with document ids), the rows mixed across documents in windows of
+`data.shuffle_window` rows (see bipe_jax/data/packing.py: without it a batch is one or two
+documents), batched, prefetched. Deterministic for a seed; its iterator has
+get_state()/set_state() (JSON-able dicts) and grain's Orbax save/load.
 
 Evaluation (`make_eval_blocks`): the official protocol. The split's documents in stored order,
 each with BOS, concatenated into one stream (cut once at `max_tokens`, so every length scores
@@ -51,6 +53,7 @@ def make_train_dataset(data_config, batch_size_per_process: int, process_index: 
   epochs = _check_int('data.num_epochs', data_config.num_epochs, 0)
   threads = _check_int('data.num_threads', data_config.num_threads, 0)
   prefetch = _check_int('data.prefetch', data_config.prefetch, 0)
+  window = _check_int('data.shuffle_window', data_config.get('shuffle_window', 0), 0)
   tok = prepare_lib.get_tokenizer(data_config)
   source, feature = tfds_builders.open_split(data_config, 'train')
   if len(source) < count:
@@ -62,7 +65,8 @@ def make_train_dataset(data_config, batch_size_per_process: int, process_index: 
   ds = ds.map(_tokenize_fn(tok, feature))
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
                                             prefetch_buffer_size=max(4 * threads, 1)))
-  ds = packing.PackedRowsIterDataset(ds, seq_len, bool(data_config.document_ids))
+  ds = packing.pack_rows(ds, seq_len, bool(data_config.document_ids))
+  ds = packing.mix_rows(ds, window, seed=int(data_config.seed))
   ds = ds.batch(batch, drop_remainder=True)
   if prefetch:
     ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=prefetch)
