@@ -89,7 +89,8 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.data_shards = 0
   t.seed = 0
   t.log_every = 10
-  t.eval_every = 0
+  t.eval_every = 0  # steps between validation measurements (0 = none); see training/validation.py
+  t.eval_tokens = 16384  # validation tokens scored each time (a fixed slice of the split)
   # MFU denominator: peak FLOP/s of one device. Default: this project's 2-core CPU measured at
   # 2.0e11 float32 FLOP/s (PERFORMANCE.md); on CPU the fake devices of one process share it.
   t.peak_flops_per_device = 2.0e11

@@ -1,14 +1,21 @@
 """What a person watching a run sees: a progress line, TensorBoard events, a metrics file.
 
 Process 0 only writes. Every `log_every` steps:
-- stdout: `step 120/600 | loss 4.2113 | 31,204 tok/s | MFU 9.6% | lr 2.00e-03 | ETA 1m32s`
+- stdout: `step 120/600 | loss 4.2113 | 31,204 tok/s | MFU 9.6% | lr 2.00e-03 | ETA 1m32s`,
+  where `loss` is the mean training loss over the steps since the previous line (one step's loss
+  jumps with its batch; the window mean is what shows whether the run learns). metrics.jsonl
+  and TensorBoard hold both: `loss` (the window mean) and `step_loss` (the logged step's own);
 - TensorBoard scalars in `<workdir>/tensorboard` (tensorboardX),
 - one JSON line in `<workdir>/metrics.jsonl` (appended across restarts; tests read it).
+Every `train.eval_every` steps (`validation`): the validation loss and perplexity on a fixed
+slice, as a line `step 300/600 | validation loss 3.4012 | perplexity 30.00 (16,320 tokens)`,
+TensorBoard `validation/*` scalars and a metrics.jsonl line with `val_loss`, `val_perplexity`.
 
 Throughput is measured between metric fetches, so the first step (compilation) is excluded.
 """
 
 import json
+import math
 import os
 import time
 
@@ -46,6 +53,7 @@ class ProgressLogger:
     self.log_every = max(1, int(log_every))
     self.enabled = enabled
     self._window_start = None  # (time, step) of the last timing anchor
+    self._loss_sum, self._loss_steps = 0.0, 0  # training loss since the last progress line
     self._writer = None
     self._jsonl = None
     if enabled:
@@ -62,9 +70,15 @@ class ProgressLogger:
     now = time.perf_counter()
     if self._window_start is None:  # first fetched step: includes compilation
       self._window_start = (now, step)
+    self._loss_sum += float(scalars['loss'])
+    self._loss_steps += 1
     if step % self.log_every and step != self.total_steps:
       return None
     metrics = {k: float(v) for k, v in scalars.items()}
+    metrics['step_loss'] = metrics['loss']
+    metrics['loss'] = self._loss_sum / self._loss_steps
+    metrics['loss_window_steps'] = self._loss_steps
+    self._loss_sum, self._loss_steps = 0.0, 0
     metrics['step'] = step
     t0, s0 = self._window_start
     if step > s0 and now > t0:
@@ -78,6 +92,19 @@ class ProgressLogger:
       for name, value in metrics.items():
         if name != 'step':
           self._writer.add_scalar(f'train/{name}', value, step)
+      self._jsonl.write(json.dumps(metrics) + '\n')
+      self._jsonl.flush()
+    return metrics
+
+  def validation(self, step: int, nll: float, tokens: int) -> dict:
+    """Reports one validation measurement (mean NLL over `tokens` scored targets)."""
+    metrics = {'step': step, 'val_loss': nll, 'val_perplexity': math.exp(min(nll, 700.0)),
+               'val_tokens': tokens}
+    if self.enabled:
+      print(f'step {step}/{self.total_steps} | validation loss {nll:.4f} | perplexity '
+            f'{metrics["val_perplexity"]:.2f} ({tokens:,} tokens)', flush=True)
+      self._writer.add_scalar('validation/loss', nll, step)
+      self._writer.add_scalar('validation/perplexity', metrics['val_perplexity'], step)
       self._jsonl.write(json.dumps(metrics) + '\n')
       self._jsonl.flush()
     return metrics

@@ -34,6 +34,7 @@ from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training import progress
 from bipe_jax.training import train_state as train_state_lib
 from bipe_jax.training import train_step as train_step_lib
+from bipe_jax.training import validation
 
 
 class NonFiniteLossError(RuntimeError):
@@ -163,6 +164,11 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
             jax.process_count() if jax.devices()[0].platform == 'cpu' else jax.device_count()),
         log_every=t.log_every, enabled=is_main)
 
+    try:
+      validation_slice = validation.make_validation_slice(config)
+    except validation.ValidationSliceError as e:
+      raise config_validation.ConfigError(str(e)) from None
+
     logging.info('built data loader and checkpointer; restoring')
     restored = checkpointer.restore_latest(
         train_state_lib.abstract_with_shardings(abstract, shardings))
@@ -204,9 +210,15 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
           logging.info('first step dispatched')
         pending = (step, scalars)
         preempted = preemption.reached(step)
+        if validation_slice is not None and (step % t.eval_every == 0 or step == t.steps):
+          if pending is not None:
+            fetch(pending)
+            pending = None
+          logger.validation(step, *validation_slice.evaluate(model, state.params, mesh))
         if step % config.checkpoint.every_steps == 0 or step == t.steps or preempted:
-          fetch(pending)
-          pending = None
+          if pending is not None:
+            fetch(pending)
+            pending = None
           if checkpointer.save(step, state, loader.get_state(), force=True):
             saved.append(step)
           last_good = step
