@@ -14,7 +14,6 @@ if ROOT not in sys.path:
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py).',
@@ -33,8 +32,10 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 def main(argv):
   del argv
-  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax) only when asked
-    logging.set_verbosity(logging.WARNING)
+  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax, TFDS) to a file
+    from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+    name = 'library.log' if _PROCESS_ID.value <= 0 else f'library.{_PROCESS_ID.value}.log'
+    run_logging.send_library_logs_to(os.path.join(_WORKDIR.value, name))
   from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
   try:
     cpu_devices.use_cpu_devices(_CPU_DEVICES.value)

@@ -15,8 +15,10 @@ Each dataset's root (the folder above the version) also holds its tokenizers and
 `build_report.json`.
 """
 
+import contextlib
 import glob
 import inspect
+import io
 import json
 import logging
 import os
@@ -194,8 +196,14 @@ def build(data_config, *, force: bool = False) -> str:
     import shutil  # pylint: disable=import-outside-toplevel
     shutil.rmtree(existing)
   tfds.disable_progress_bar()
-  builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(download_mode=tfds.GenerateMode.REUSE_DATASET_IF_EXISTS))
+  # TFDS prints "Downloading and preparing dataset Unknown size ..." to stdout although nothing
+  # is downloaded: the lines go to the INFO log (a run's log file), not to the terminal.
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        download_mode=tfds.GenerateMode.REUSE_DATASET_IF_EXISTS))
+  for line in printed.getvalue().splitlines():
+    logging.info('tfds: %s', line)
   report = builder.report.as_dict()
   report['dataset'] = data_config.dataset
   with open(os.path.join(root, REPORT_FILE), 'w') as f:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
+import logging
 import math
 import os
 import subprocess
@@ -25,6 +26,7 @@ import sys
 import time
 from typing import Sequence
 
+from bipe_jax import run_logging
 from bipe_jax.training import cpu_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -254,13 +256,23 @@ def markdown_report(plan: DemoPlan, document: dict, *, command: str, wall_second
 def run_demo(plan: DemoPlan, *, command: str, log=print) -> dict:
   """The whole demo; returns the results document (also written to plan.output_dir)."""
   plan.validate()
+  wall_start = time.perf_counter()
+  log_file = os.path.join(plan.output_dir, 'demo.log')
+  file_handler = run_logging.send_library_logs_to(log_file)
+  try:
+    return _run_demo(plan, command=command, log=log, wall_start=wall_start, log_file=log_file)
+  finally:
+    logging.getLogger().removeHandler(file_handler)
+    file_handler.close()
+
+
+def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file: str) -> dict:
   from bipe_jax import data  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import perplexity as ppl  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import runs as runs_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import sweep  # pylint: disable=g-import-not-at-top
 
-  wall_start = time.perf_counter()
   data_config = base.data_defaults()
   data_config.data_dir = plan.data_dir
   data_ready = os.path.isdir(os.path.join(plan.data_dir, 'bipe_embedded'))
@@ -269,7 +281,8 @@ def run_demo(plan: DemoPlan, *, command: str, log=print) -> dict:
       f'lengths {plan.lengths}')
   log(f'demo: one budget for every encoding: {plan.budget_line()}')
   log(f'demo: expected to take about {expected / 60:.0f} minutes on 2 CPU cores '
-      f'(longer when the machine is busy); output in {plan.output_dir}/')
+      f'(longer when the machine is busy); output in {plan.output_dir}/, library logs in '
+      f'{log_file}')
   start = time.perf_counter()
   prepared = data.prepare(data_config)
   log(f'demo: embedded corpus and tokenizer ready in {time.perf_counter() - start:.0f} s '

@@ -1,0 +1,40 @@
+"""Where library log lines go: INFO to a run's log file, warnings and errors also to stderr.
+
+A run's terminal shows its own progress and results; the INFO lines of absl, Orbax, TFDS and
+this library (hundreds per run: checkpoint saves and restores, dataset preparation) go to a
+log file beside the run. `send_library_logs_to(path)` sets that up for the Python `logging`
+root logger, which absl, Orbax and TFDS all write through.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+_FORMAT = '%(asctime)s %(levelname)s %(name)s: %(message)s'
+
+
+def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Handler:
+  """INFO and above to the file `path` (appended, created with its folder); the terminal keeps
+  WARNING and above only. Returns the file handler (call `handler.close()` to detach it)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  root = logging.getLogger()
+  consoles = [h for h in root.handlers if not isinstance(h, logging.FileHandler)]
+  for handler in consoles:  # absl's stderr handler and any other console handler
+    handler.setLevel(max(handler.level, logging.WARNING))
+  if not consoles:  # without any, warnings would now reach the file only
+    console = logging.StreamHandler()
+    console.setLevel(logging.WARNING)
+    root.addHandler(console)
+  try:
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    absl_logging.set_verbosity(absl_logging.INFO)
+    absl_logging.get_absl_handler().setLevel(logging.WARNING)
+  except ImportError:  # absl is a dependency of JAX, but the function does not need it
+    pass
+  root.setLevel(min(root.level or level, level))
+  file_handler = logging.FileHandler(path, encoding='utf-8')
+  file_handler.setLevel(level)
+  file_handler.setFormatter(logging.Formatter(_FORMAT))
+  root.addHandler(file_handler)
+  return file_handler

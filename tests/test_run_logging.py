@@ -1,0 +1,31 @@
+"""Library INFO lines go to the run's log file; the terminal keeps warnings and errors."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = '''
+import logging, sys
+from absl import logging as absl_logging
+from bipe_jax import run_logging
+run_logging.send_library_logs_to(sys.argv[1])
+logging.getLogger('orbax').info('orbax restored step 7')
+absl_logging.info('absl info line')
+logging.getLogger('tfds').warning('a warning everyone should see')
+print('progress line')
+'''
+
+
+def test_info_to_the_file_warnings_to_both(tmp_path):
+  log = tmp_path / 'run' / 'library.log'
+  proc = subprocess.run([sys.executable, '-c', SCRIPT, str(log)], cwd=ROOT, capture_output=True,
+                        text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout == 'progress line\n'
+  assert 'a warning everyone should see' in proc.stderr
+  assert 'orbax restored step 7' not in proc.stderr and 'absl info line' not in proc.stderr
+  text = log.read_text()
+  for line in ('orbax restored step 7', 'absl info line', 'a warning everyone should see'):
+    assert line in text
