@@ -56,7 +56,6 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.tokenizer_vocab_size = 4096
   d.seq_len = 128
   d.seed = 0
-  d.document_ids = False  # emit document ids so attention / positions can restart per document
   d.prefetch = 2  # batches prefetched on a background thread (0 = none)
   d.tokenizer_model_type = 'bpe'  # bpe | unigram (for a tokenizer trained beside the data)
   d.text_field = 'text'  # JSON field holding the text in .jsonl files (text_folder)
@@ -103,6 +102,9 @@ def checkpoint_defaults() -> ml_collections.ConfigDict:
   c.keep = 3
   c.async_save = True
   c.dir = ''  # '' = <workdir>/checkpoints
+  # When every existing checkpoint fails its integrity check, start again from step 0 instead
+  # of stopping (the damaged ones are kept in <dir>_corrupt/).
+  c.allow_fresh_start = False
   return c
 
 

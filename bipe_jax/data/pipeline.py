@@ -65,7 +65,9 @@ def make_train_dataset(data_config, batch_size_per_process: int, process_index: 
   ds = ds.map(_tokenize_fn(tok, feature))
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
                                             prefetch_buffer_size=max(4 * threads, 1)))
-  ds = packing.pack_rows(ds, seq_len, bool(data_config.document_ids))
+  # Document ids per row are for library users of this pipeline; the trainer's model derives
+  # documents from the BOS tokens themselves (model.restart_at_documents, mask_across_documents).
+  ds = packing.pack_rows(ds, seq_len, bool(data_config.get('document_ids', False)))
   ds = packing.mix_rows(ds, window, seed=int(data_config.seed))
   ds = ds.batch(batch, drop_remainder=True)
   if prefetch:

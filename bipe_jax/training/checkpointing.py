@@ -11,11 +11,20 @@ A checkpoint is a step directory with two items:
 
 Saves are asynchronous (Orbax writes in a background thread after a blocking copy to host)
 and atomic: Orbax writes into a temporary directory that is renamed once complete, and only
-complete step directories are candidates for resume. A latest checkpoint that fails to
-restore (corrupt or missing files) is moved aside to `<dir>_corrupt/<step>` with a warning and
-the previous one is used; a readable checkpoint of another model (other parameter shapes)
-is an IncompatibleCheckpointError instead. Readers of a live workdir (evaluation) should use
-`Checkpointer(dir, read_only=True)`.
+complete step directories are candidates for resume.
+
+Restoring the newest checkpoint tells three failures apart (`restore_latest`):
+- its saved *structure* (every array's path and shape, parameters and optimizer state) differs
+  from the run's: an IncompatibleCheckpointError that names the differences; nothing is moved
+  (the usual cause is a changed setting, e.g. train.grad_clip adds or removes an optimizer
+  state, not a damaged file);
+- a read error: retried once, so a transient failure moves nothing;
+- the structure matches but the data does not read twice (truncated or corrupt files): that one
+  checkpoint fails its integrity check, is moved aside to `<dir>_corrupt/<step>` with a warning,
+  and the previous one is tried. When checkpoints existed and none restored, the run stops with
+  CheckpointsUnusableError instead of starting again from step 0, unless the caller allows a
+  fresh start (`checkpoint.allow_fresh_start`).
+Readers of a live workdir (evaluation) should use `Checkpointer(dir, read_only=True)`.
 """
 
 import dataclasses
@@ -32,6 +41,10 @@ from jax.experimental import multihost_utils
 
 class IncompatibleCheckpointError(ValueError):
   """The checkpoint is intact but cannot be used by this run (e.g. other process count)."""
+
+
+class CheckpointsUnusableError(RuntimeError):
+  """Checkpoints existed but none restored: the run refuses to start again from step 0."""
 
 
 def _state_filename(process_index: int, process_count: int) -> str:
@@ -105,10 +118,18 @@ class DataStateRestore(ocp.args.CheckpointArgs):
   pass
 
 
+def _key_name(key) -> str:
+  for attr in ('name', 'key', 'idx'):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
 def _shape_table(tree) -> dict:
-  """{'[\'layer_0\'][...]': shape} of a nested dict of arrays or array metadata."""
+  """{'params/layer_0/...': shape} of a train state (dataclass / named tuples, as built) or
+  of its Orbax metadata (nested dicts and lists, as saved): the same keys for the same state."""
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in flat}
+  return {'/'.join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in flat}
 
 
 class Checkpointer:
@@ -151,47 +172,77 @@ class Checkpointer:
                                       data=DataStateRestore()))
     return restored['state'], restored['data']
 
-  def restore_latest(self, abstract_state) -> Optional[tuple[int, Any, Any]]:
-    """(step, state, data_state) of the newest checkpoint that restores, or None.
+  def restore_latest(self, abstract_state, *, allow_fresh_start: bool = False
+                     ) -> Optional[tuple[int, Any, Any]]:
+    """(step, state, data_state) of the newest checkpoint that restores; None when there is none.
 
-    A checkpoint that fails to restore is moved to `<dir>_corrupt/` (process 0) with a
-    warning, then the previous one is tried. IncompatibleCheckpointError is not a
-    corruption and propagates.
+    See the module docstring for how structure mismatches, transient read errors and damaged
+    checkpoints are told apart. Raises IncompatibleCheckpointError (nothing moved) or, when
+    every existing checkpoint failed its integrity check, CheckpointsUnusableError (unless
+    `allow_fresh_start`).
     """
-    for step in reversed(self.all_steps()):
-      try:
-        state, data_state = self.restore(step, abstract_state)
-        return step, state, data_state
-      except IncompatibleCheckpointError:
-        raise
-      except Exception as e:  # pylint: disable=broad-except
-        self._raise_if_other_model(step, abstract_state)
-        message = (f'WARNING: checkpoint step {step} in {self.directory} cannot be restored '
-                   f'({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ""}); '
-                   f'moving it to {self.directory}_corrupt/ and falling back to the previous '
-                   f'checkpoint')
-        logging.warning(message)
-        if jax.process_index() == 0:
-          print(message, flush=True)
-        if not self.read_only:
-          self._quarantine(step)
+    steps = self.all_steps()
+    for step in reversed(steps):
+      error = None
+      for _ in range(2):  # a transient read error gets one retry
+        try:
+          state, data_state = self.restore(step, abstract_state)
+          return step, state, data_state
+        except IncompatibleCheckpointError:
+          raise
+        except Exception as e:  # pylint: disable=broad-except
+          self._raise_if_other_structure(step, abstract_state)
+          error = e
+      first = str(error).splitlines()[0][:300] if str(error) else ''
+      action = ('leaving it in place (read-only)' if self.read_only else
+                f'moving it to {self.directory}_corrupt/')
+      message = (f'WARNING: checkpoint step {step} in {self.directory} fails its integrity check '
+                 f'({type(error).__name__}: {first}); {action} and falling back to the previous '
+                 f'checkpoint')
+      logging.warning(message)
+      if jax.process_index() == 0:
+        print(message, flush=True)
+      if not self.read_only:
+        self._quarantine(step)
+    if steps and not allow_fresh_start:
+      raise CheckpointsUnusableError(
+          f'none of the checkpoints {steps} in {self.directory} could be restored (each failed '
+          f'its integrity check and was set aside in {self.directory}_corrupt/); refusing to '
+          f'start again from step 0: set checkpoint.allow_fresh_start=True to do that')
     return None
 
-  def _raise_if_other_model(self, step: int, abstract_state):
-    """A readable checkpoint whose parameter shapes differ from this config is not corrupt:
-    raise IncompatibleCheckpointError instead of moving it (and every older one) aside."""
+  def _raise_if_other_structure(self, step: int, abstract_state):
+    """A readable checkpoint whose saved arrays (paths and shapes) differ from this run's state
+    is not corrupt: raise IncompatibleCheckpointError naming the differences, move nothing."""
     try:
       metadata = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / 'state')
-      saved = _shape_table(metadata['params'])
+      saved = _shape_table(metadata)
     except Exception:  # pylint: disable=broad-except
-      return  # unreadable metadata: corrupt
-    wanted = _shape_table(abstract_state.params)
-    if saved != wanted:
-      diff = sorted(set(saved.items()) ^ set(wanted.items()))[:4]
-      raise IncompatibleCheckpointError(
-          f'checkpoint step {step} in {self.directory} holds parameters of another model '
-          f'(differences, checkpoint vs config: {diff}); use the config it was trained with or '
-          f'a new workdir')
+      return  # unreadable metadata: an integrity failure, not another structure
+    wanted = _shape_table(abstract_state)
+    if saved == wanted:
+      return
+    params_first = lambda k: (not k.startswith('params/'), k)  # pylint: disable=unnecessary-lambda-assignment
+    only_saved = sorted(set(saved) - set(wanted), key=params_first)
+    only_run = sorted(set(wanted) - set(saved), key=params_first)
+    reshaped = sorted((k for k in set(saved) & set(wanted) if saved[k] != wanted[k]),
+                      key=params_first)
+    parts = []
+    for label, keys, table in (('only in the checkpoint', only_saved, saved),
+                               ('only in this run', only_run, wanted)):
+      if keys:
+        parts.append(f'{label}: ' + ', '.join(f'{k} {table[k]}' for k in keys[:3])
+                     + (f' (+{len(keys) - 3} more)' if len(keys) > 3 else ''))
+    if reshaped:
+      parts.append('other shapes: ' + ', '.join(
+          f'{k} {saved[k]} in the checkpoint vs {wanted[k]}' for k in reshaped[:3]))
+    kind = 'parameters' if any(k.startswith('params/') for k in only_saved + only_run + reshaped) \
+        else 'optimizer state'
+    raise IncompatibleCheckpointError(
+        f'checkpoint step {step} in {self.directory} was saved by a run with other {kind} '
+        f'({"; ".join(parts)}): a model or optimizer setting differs from the one it was '
+        f'trained with (e.g. train.grad_clip, train.weight_decay, model.*); resume with those '
+        f'settings or use a new workdir. Nothing was moved.')
 
   def _quarantine(self, step: int):
     self._manager.wait_until_finished()

@@ -25,6 +25,9 @@ def run(config, workdir: str, *, coordinator_address: str = '', num_processes: i
   except (config_validation.ConfigError, checkpointing.IncompatibleCheckpointError) as e:
     print(f'config error: {e}', file=sys.stderr, flush=True)
     return 2
+  except checkpointing.CheckpointsUnusableError as e:
+    print(f'checkpoint error: {e}', file=sys.stderr, flush=True)
+    return 2
   except trainer.NonFiniteLossError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 1

@@ -13,7 +13,6 @@ the loop save a checkpoint at the step it has reached and return cleanly.
 """
 
 import dataclasses
-import json
 import math
 import os
 import signal
@@ -32,6 +31,7 @@ from bipe_jax.training import flops as flops_lib
 from bipe_jax.training import mesh as mesh_lib
 from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training import progress
+from bipe_jax.training import run_record
 from bipe_jax.training import train_state as train_state_lib
 from bipe_jax.training import train_step as train_step_lib
 from bipe_jax.training import validation
@@ -137,11 +137,12 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0
+  try:
+    run_record.check_resume(workdir, config)
+  except run_record.ResumeMismatchError as e:
+    raise config_validation.ConfigError(str(e)) from None
   if is_main:
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-      f.write(config.to_json_best_effort(indent=2) if hasattr(config, 'to_json_best_effort')
-              else json.dumps(dict(config), indent=2, default=str))
 
   tx = optimizer_lib.make_optimizer(t)
   schedule = optimizer_lib.learning_rate_schedule(t)
@@ -171,7 +172,8 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
 
     logging.info('built data loader and checkpointer; restoring')
     restored = checkpointer.restore_latest(
-        train_state_lib.abstract_with_shardings(abstract, shardings))
+        train_state_lib.abstract_with_shardings(abstract, shardings),
+        allow_fresh_start=bool(config.checkpoint.get('allow_fresh_start', False)))
     if restored is not None:
       start_step, state, data_state = restored
       if data_state is not None:  # None: a converted checkpoint, no data position yet
@@ -181,6 +183,8 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
       state, _ = train_state_lib.create_train_state(model, tx, mesh, seq_len, t.seed)
       start_step = 0
     logging.info('train state ready')
+    if is_main:  # only now: a failed restore never replaces the record of what was trained
+      run_record.write_config(workdir, config)
     logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
                  f'{jax.process_count()} processes; training steps {start_step + 1}..{t.steps}')
     step_fn = train_step_lib.make_train_step(
@@ -201,8 +205,14 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
       logger.record(s, scalars)
 
     with train_state_lib.mesh_context(mesh):
+      exhausted = False
       for step in range(start_step + 1, t.steps + 1):
-        batch = mesh_lib.global_batch(next(loader), mesh, t.batch_size)
+        try:
+          rows = next(loader)
+        except StopIteration:  # a finite data.num_epochs ran out before train.steps
+          exhausted, step = True, step - 1
+          break
+        batch = mesh_lib.global_batch(rows, mesh, t.batch_size)
         state, scalars = step_fn(state, batch)
         if pending is not None:
           fetch(pending)
@@ -228,6 +238,14 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
           break
       if pending is not None:
         fetch(pending)
+      if exhausted:
+        if step > start_step and step not in saved:
+          if checkpointer.save(step, state, loader.get_state(), force=True):
+            saved.append(step)
+        logger.event(
+            f'the training data ended after data.num_epochs={config.data.num_epochs} '
+            f'epoch(s), at step {step} of {t.steps}: {step * t.batch_size * seq_len:,} tokens '
+            f'trained on in {step} steps; final checkpoint at step {step} in {ckpt_dir}')
   finally:
     preemption.close()
     checkpointer.close()

@@ -1,0 +1,92 @@
+"""What a workdir records about its run (`config.json`), and the check that a resume matches it.
+
+`config.json` is the fully resolved config of the run (separator ids resolved from the
+tokenizer, the tokenizer's path and sha256). It is written only once the train state exists —
+after a successful restore or a fresh initialisation — so a restore that fails never replaces
+the record of what was trained.
+
+Resuming compares the `model` and `data` sections of the new config with the saved ones: a
+resume with another encoding, another `rope_base`, other separators, another dataset or another
+tokenizer is refused with the list of differing fields. The fields that may change on resume are
+named here, in `RESUMABLE_FIELDS`, and nowhere else (the `train`, `checkpoint` and `mesh`
+sections are not compared: a changed optimizer setting that alters the optimizer state is caught
+by the checkpoint's structure check, and steps, logging, evaluation cadence, checkpoint cadence
+and the mesh may change freely).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+CONFIG_FILE = 'config.json'
+COMPARED_SECTIONS = ('model', 'data')
+# Fields of the compared sections that may differ on resume: they change neither the
+# parameters, nor the data a step sees, nor the numbers (up to float rounding).
+RESUMABLE_FIELDS = frozenset({
+    'model.attention_impl',  # dense | blockwise | cudnn compute the same attention
+    'model.block_size',  # blockwise attention's tiling
+    'model.remat',  # recompute activations instead of storing them
+    'data.num_threads',  # tokenisation threads
+    'data.prefetch',  # batches prefetched
+})
+
+
+class ResumeMismatchError(ValueError):
+  """The workdir holds another run: the message lists the fields that differ."""
+
+
+def _plain(value: Any) -> Any:
+  """JSON's view of a value (tuples become lists), so saved and live configs compare equal."""
+  return json.loads(json.dumps(value, default=str))
+
+
+def read_saved_config(workdir: str) -> dict | None:
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def differing_fields(saved: dict, config) -> list[str]:
+  """['model.position_encoding: saved 'bipe_rope', now 'bipe_alibi'', ...] (resumable fields and
+  fields the saved config does not record are skipped)."""
+  out = []
+  for section in COMPARED_SECTIONS:
+    old = saved.get(section) or {}
+    new = _plain(config[section].to_dict() if hasattr(config[section], 'to_dict')
+                 else dict(config[section]))
+    for field in sorted(set(old) | set(new)):
+      name = f'{section}.{field}'
+      if name in RESUMABLE_FIELDS or field not in old:
+        continue
+      if old.get(field) != new.get(field):
+        out.append(f'{name}: saved {old.get(field)!r}, now {new.get(field)!r}')
+  return out
+
+
+def check_resume(workdir: str, config) -> None:
+  """Raises ResumeMismatchError when `workdir` holds a run whose model/data config differs."""
+  saved = read_saved_config(workdir)
+  if saved is None:
+    return
+  diffs = differing_fields(saved, config)
+  if diffs:
+    raise ResumeMismatchError(
+        f'{os.path.join(workdir, CONFIG_FILE)} records another run ({len(diffs)} differing '
+        f'field{"s" if len(diffs) > 1 else ""}: {"; ".join(diffs)}); resume with the settings it '
+        f'was trained with, or use a new workdir')
+
+
+def write_config(workdir: str, config) -> str:
+  """Writes the resolved config as `<workdir>/config.json` (atomically); returns the path."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  text = (config.to_json_best_effort(indent=2) if hasattr(config, 'to_json_best_effort')
+          else json.dumps(dict(config), indent=2, default=str))
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(tmp, path)
+  return path

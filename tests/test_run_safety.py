@@ -1,0 +1,124 @@
+"""Runs that cannot be silently wrong: fault injection through the real `train/main.py`.
+
+A changed optimizer setting or another encoding on resume is refused with one line and moves
+nothing; a damaged newest checkpoint is set aside alone and the previous one resumes; a finite
+number of epochs ends cleanly with a final checkpoint; config.json is written only after the
+state exists.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from bipe_jax.training import run_record
+from tests.test_training_e2e import checkpoint_steps, dirs, run_cli  # pylint: disable=unused-import
+
+pytestmark = [pytest.mark.slow]
+
+SHORT = ('--config.train.steps=4', '--config.checkpoint.every_steps=2',
+         '--config.checkpoint.async_save=False')
+
+
+@pytest.fixture(scope='module')
+def trained(dirs, tmp_path_factory):
+  """A finished 4-step run (checkpoints 2 and 4) to copy from."""
+  workdir = str(tmp_path_factory.mktemp('safety') / 'run')
+  run_cli(dirs, workdir, *SHORT)
+  assert checkpoint_steps(workdir) == [2, 4]
+  return workdir
+
+
+def copy_run(src, tmp_path, name='copy'):
+  dst = str(tmp_path / name)
+  shutil.copytree(src, dst)
+  return dst
+
+
+def last_line(proc) -> str:
+  lines = proc.stderr.strip().splitlines()
+  assert lines, proc.stdout
+  return lines[-1]
+
+
+def tree_listing(workdir):
+  return sorted(os.path.relpath(os.path.join(d, f), workdir)
+                for d, _, files in os.walk(workdir) for f in files
+                if not f.startswith('library') and not f.startswith('events'))
+
+
+def test_changed_optimizer_setting_is_refused_and_nothing_moves(dirs, trained, tmp_path):
+  workdir = copy_run(trained, tmp_path)
+  before = tree_listing(workdir)
+  config_before = open(os.path.join(workdir, 'config.json'), encoding='utf-8').read()
+  proc = run_cli(dirs, workdir, *SHORT, '--config.train.steps=6', '--config.train.grad_clip=0.0',
+                 expect=2)
+  line = last_line(proc)
+  assert line.startswith('config error: checkpoint step 4 in ') and 'optimizer state' in line
+  assert 'train.grad_clip' in line and 'Nothing was moved' in line
+  assert 'Traceback' not in proc.stderr
+  assert not os.path.exists(workdir + '/checkpoints_corrupt')
+  assert tree_listing(workdir) == before
+  assert open(os.path.join(workdir, 'config.json'), encoding='utf-8').read() == config_before
+
+
+def test_resume_with_another_encoding_lists_the_fields(dirs, trained, tmp_path):
+  workdir = copy_run(trained, tmp_path)
+  before = tree_listing(workdir)
+  proc = run_cli(dirs, workdir, *SHORT, '--config.model.position_encoding=bipe_alibi',
+                 '--config.model.rope_base=500.0', expect=2)
+  line = last_line(proc)
+  assert line.startswith('config error: ') and 'records another run (2 differing fields' in line
+  assert "model.position_encoding: saved 'bipe_rope', now 'bipe_alibi'" in line
+  assert 'model.rope_base: saved 10000.0, now 500.0' in line
+  assert tree_listing(workdir) == before
+
+
+def test_resumable_fields_may_change(dirs, trained, tmp_path):
+  workdir = copy_run(trained, tmp_path)
+  proc = run_cli(dirs, workdir, '--config.train.steps=6', '--config.checkpoint.every_steps=3',
+                 '--config.model.attention_impl=dense', '--config.train.log_every=3')
+  assert 'resumed from checkpoint step 4' in proc.stdout
+  assert checkpoint_steps(workdir) == [2, 4, 6]
+  assert 'model.attention_impl' in run_record.RESUMABLE_FIELDS
+
+
+def test_truncated_newest_checkpoint_falls_back_and_moves_only_it(dirs, trained, tmp_path):
+  workdir = copy_run(trained, tmp_path)
+  step_dir = os.path.join(workdir, 'checkpoints', '4', 'state')
+  data_files = [os.path.join(d, f) for d, _, files in os.walk(step_dir) for f in files
+                if os.path.getsize(os.path.join(d, f)) > 1000 and 'metadata' not in f]
+  assert data_files
+  for path in data_files:
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2)
+  proc = run_cli(dirs, workdir, *SHORT)
+  assert 'checkpoint step 4' in proc.stdout and 'fails its integrity check' in proc.stdout
+  assert 'resumed from checkpoint step 2' in proc.stdout
+  assert os.listdir(workdir + '/checkpoints_corrupt') == ['4']
+  assert checkpoint_steps(workdir) == [2, 4]  # step 4 trained again from step 2
+
+
+def test_finite_epochs_end_cleanly_with_a_final_checkpoint(dirs, tmp_path):
+  workdir = str(tmp_path / 'epochs')
+  proc = run_cli(dirs, workdir, '--config.train.steps=100000', '--config.data.num_epochs=1',
+                 '--config.checkpoint.every_steps=100000', '--config.checkpoint.async_save=False',
+                 '--config.train.log_every=1000')
+  assert 'Traceback' not in proc.stderr
+  line = [l for l in proc.stdout.splitlines() if 'the training data ended' in l]
+  assert line and 'data.num_epochs=1 epoch(s)' in line[0]
+  step = int(line[0].split('at step ')[1].split()[0])
+  assert 0 < step < 100000 and checkpoint_steps(workdir) == [step]
+  assert f'{step * 8 * 32:,} tokens' in line[0]  # batch 8 x seq_len 32
+
+
+def test_config_json_is_written_only_after_the_state_exists(dirs, trained, tmp_path):
+  workdir = copy_run(trained, tmp_path)
+  saved = json.load(open(os.path.join(workdir, 'config.json'), encoding='utf-8'))
+  assert saved['model']['separator_ids']  # the resolved ids are recorded
+  fresh = str(tmp_path / 'fresh')
+  proc = run_cli(dirs, fresh, *SHORT, '--config.train.eval_tokens=1', '--config.train.eval_every=1',
+                 expect=2)
+  assert 'train.eval_tokens=1' in last_line(proc)
+  assert not os.path.exists(os.path.join(fresh, 'config.json'))
