@@ -53,6 +53,7 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.data_dir = 'data_cache'  # TFDS data_dir (prepared datasets and the embedded corpus)
   d.text_dir = ''  # for dataset=text_folder
   d.tokenizer_path = ''  # '' = the tokenizer trained beside the data in data_dir
+  d.tokenizer_sha256 = ''  # recorded by a run (with its copy <workdir>/tokenizer.model)
   d.tokenizer_vocab_size = 4096
   d.seq_len = 128
   d.seed = 0

@@ -20,6 +20,7 @@ import jax
 import ml_collections
 
 from bipe_jax import config as model_config_lib
+from bipe_jax import run_tokenizer
 from bipe_jax import model as model_lib
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
@@ -108,6 +109,12 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
   override the model's for evaluation (the parameters do not depend on them).
   """
   config = read_config(workdir)
+  try:  # the run's own tokenizer (its workdir copy), checked against the recorded hash
+    pinned = run_tokenizer.tokenizer_for_run(workdir, config.data)
+  except run_tokenizer.TokenizerMismatchError as e:
+    raise RunError(str(e)) from None
+  if pinned:
+    config.data.tokenizer_path = pinned
   ckpt_dir = checkpoint_dir(workdir, config)
   steps = _steps(ckpt_dir)
   if not steps:

@@ -30,6 +30,7 @@ RESUMABLE_FIELDS = frozenset({
     'model.remat',  # recompute activations instead of storing them
     'data.num_threads',  # tokenisation threads
     'data.prefetch',  # batches prefetched
+    'data.tokenizer_path',  # the workdir's copy moves with it; data.tokenizer_sha256 compares
 })
 
 

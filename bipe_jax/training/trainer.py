@@ -24,6 +24,7 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
+from bipe_jax import run_tokenizer
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import data_loading
@@ -76,8 +77,9 @@ def _barrier(name: str):
     multihost_utils.sync_global_devices(name)
 
 
-def _default_data(config):
-  """(make_iterator, model_config) from the data pipeline: prepare, tokenizer, separators."""
+def _default_data(config, workdir: str):
+  """(make_iterator, model_config) from the data pipeline: prepare, the run's own copy of the
+  tokenizer (bipe_jax.run_tokenizer), separators."""
   from bipe_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   try:  # the data pipeline's ValueErrors are about config.data (missing dataset, bad path)
     if jax.process_index() == 0:
@@ -85,6 +87,7 @@ def _default_data(config):
     _barrier('bipe_jax_prepare')
     if jax.process_index() != 0:
       data_lib.prepare(config.data)
+    run_tokenizer.pin_for_training(config, workdir)
     tokenizer = data_lib.get_tokenizer(config.data)
   except ValueError as e:
     raise config_validation.ConfigError(' '.join(str(e).split())) from None
@@ -128,7 +131,7 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
 
   model_config = None
   if make_iterator is None:
-    make_iterator, model_config = _default_data(config)
+    make_iterator, model_config = _default_data(config, workdir)
   if model is None:
     from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
     from bipe_jax import config as model_config_lib  # pylint: disable=g-import-not-at-top

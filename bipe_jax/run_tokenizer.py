@@ -1,0 +1,95 @@
+"""The tokenizer a run was trained with: copied into the workdir, recorded by content hash.
+
+At training time (`pin_for_training`) the data's tokenizer (`data.tokenizer_path`, or the one
+trained beside the dataset) is copied to `<workdir>/tokenizer.model` and the run's config
+records `data.tokenizer_path` (that copy) and `data.tokenizer_sha256`. Training, resuming,
+evaluation and generation all read that copy, so rebuilding a dataset (even retraining the
+tokenizer beside it) never changes the tokens of an existing run, and evaluating on another
+dataset (`eval/perplexity.py --dataset/--data_dir`) tokenises it with the run's tokenizer.
+A tokenizer whose content differs from the recorded hash is refused with one line
+(`TokenizerMismatchError`). Built-in task tokenizers (the arithmetic task) have no file and
+are not pinned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+
+RUN_TOKENIZER_FILE = 'tokenizer.model'
+
+
+class TokenizerMismatchError(ValueError):
+  """A tokenizer other than the one the run was trained with; the message names both files."""
+
+
+def sha256_of(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for chunk in iter(lambda: f.read(1 << 20), b''):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def _has_file_tokenizer(data_config) -> bool:
+  from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
+  return data_config.dataset != preparation.ARITHMETIC
+
+
+def pin_for_training(config, workdir: str) -> str | None:
+  """Copies (fresh run) or checks (resume) `<workdir>/tokenizer.model`; records it in `config`.
+
+  Returns the pinned path (None for built-in tokenizers). On resume, an explicit
+  `data.tokenizer_path` whose content differs from the run's copy is a TokenizerMismatchError.
+  """
+  from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
+  if not _has_file_tokenizer(config.data):
+    return None
+  pinned = os.path.abspath(os.path.join(workdir, RUN_TOKENIZER_FILE))
+  source = preparation.tokenizer_path(config.data)
+  if os.path.isfile(pinned):
+    explicit = config.data.tokenizer_path
+    if (explicit and os.path.abspath(source) != pinned and os.path.isfile(source)
+        and sha256_of(source) != sha256_of(pinned)):
+      raise TokenizerMismatchError(
+          f'data.tokenizer_path={explicit!r} is not the tokenizer this run was trained with '
+          f'({pinned}, sha256 {sha256_of(pinned)[:12]}…): resume without it, or use a new '
+          f'workdir')
+  else:
+    os.makedirs(workdir, exist_ok=True)
+    tmp = f'{pinned}.{os.getpid()}.tmp'
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, pinned)  # atomic: processes sharing the workdir copy the same bytes
+  with config.unlocked() if hasattr(config, 'unlocked') else _Null():
+    config.data.tokenizer_path = pinned
+    config.data.tokenizer_sha256 = sha256_of(pinned)
+  return pinned
+
+
+def tokenizer_for_run(workdir: str, data_config) -> str | None:
+  """The path of a finished run's tokenizer, checked against its recorded hash.
+
+  A workdir copy wins (it moves with the workdir); runs that predate the record fall back to
+  the data config's tokenizer. Raises TokenizerMismatchError when the content changed.
+  """
+  if not _has_file_tokenizer(data_config):
+    return None
+  from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
+  pinned = os.path.join(workdir, RUN_TOKENIZER_FILE)
+  path = pinned if os.path.isfile(pinned) else preparation.tokenizer_path(data_config)
+  recorded = data_config.get('tokenizer_sha256', '')
+  if recorded and os.path.isfile(path) and sha256_of(path) != recorded:
+    raise TokenizerMismatchError(
+        f'{path} is not the tokenizer run {workdir!r} was trained with: its sha256 is '
+        f'{sha256_of(path)[:12]}…, the run recorded {recorded[:12]}… in config.json (was the '
+        f'file replaced?)')
+  return os.path.abspath(path)
+
+
+class _Null:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *args):
+    return False
