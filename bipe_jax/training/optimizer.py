@@ -49,6 +49,22 @@ def decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def _is_kerple_param(path) -> bool:
+  from bipe_jax.encodings import kerple  # pylint: disable=g-import-not-at-top
+  names = [str(getattr(k, 'key', getattr(k, 'name', k))) for k in path]
+  return len(names) >= 2 and names[-2] == 'kerple' and names[-1] in kerple.KERPLE_PARAM_NAMES
+
+
+def project_parameters(params):
+  """The parameters after an update, with every Kerple `p` / `a` projected back to >= 0.01 (the
+  official code's projection; bipe_jax.encodings.kerple). Other parameters are returned as is.
+  Applied by the train step after `optax.apply_updates`, outside the optimizer, so the
+  optimizer state (and so checkpoints) do not change."""
+  from bipe_jax.encodings import kerple  # pylint: disable=g-import-not-at-top
+  return jax.tree_util.tree_map_with_path(
+      lambda path, p: jnp.maximum(p, kerple.KERPLE_MIN) if _is_kerple_param(path) else p, params)
+
+
 def make_optimizer(train_config) -> optax.GradientTransformation:
   """Clip by global norm (if grad_clip > 0), then AdamW with the schedule above."""
   parts = []

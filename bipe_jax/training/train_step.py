@@ -10,6 +10,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from bipe_jax.training import mesh as mesh_lib
+from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training.train_state import TrainState
 
 
@@ -71,7 +72,7 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
   denom = jnp.maximum(count, 1.0)
   grads = jax.tree.map(lambda g: g / denom, grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  params = optimizer_lib.project_parameters(optax.apply_updates(state.params, updates))
   metrics = {'loss': nll_sum / denom, 'grad_norm': optax.global_norm(grads),
              'learning_rate': schedule(state.step), 'targets': count}
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
