@@ -93,7 +93,7 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.eval_tokens = 16384  # validation tokens scored each time (a fixed slice of the split)
   # MFU denominator: peak FLOP/s of one device. Default: this project's 2-core CPU measured at
   # 2.0e11 float32 FLOP/s (PERFORMANCE.md); on CPU the fake devices of one process share it.
-  t.peak_flops_per_device = 2.0e11
+  t.peak_flops_per_device = 0.0  # 0 = by device kind (training/flops.py); > 0 overrides
   return t
 
 

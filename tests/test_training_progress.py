@@ -75,3 +75,33 @@ def test_a_slice_shorter_than_one_block_is_a_config_error(folder_run, tmp_path):
   config.train.eval_tokens = 8
   with pytest.raises(config_validation.ConfigError, match='train.eval_tokens=8'):
     trainer.train(config, str(tmp_path / 'bad'))
+
+
+@pytest.mark.parametrize('kind,platform,dtype,value,fragment', [
+    ('NVIDIA H100 80GB HBM3', 'gpu', 'bfloat16', 989e12, 'bfloat16 peak of NVIDIA H100'),
+    ('NVIDIA H200', 'gpu', 'float32', 494e12, 'float32 (TF32'),
+    ('NVIDIA A100-SXM4-80GB', 'gpu', 'bfloat16', 312e12, 'A100'),
+    ('TPU v4', 'tpu', 'bfloat16', 275e12, 'TPU v4'),
+    ('TPU v5 lite', 'tpu', 'bfloat16', 197e12, 'TPU v5 lite'),
+    ('TPU v5p', 'tpu', 'float32', 459e12, 'TPU v5p'),
+    ('TPU v6 lite', 'tpu', 'bfloat16', 918e12, 'TPU v6 lite'),
+    ('cpu', 'cpu', 'float32', 2.0e11, 'per host'),
+])
+def test_mfu_peak_by_device_kind(kind, platform, dtype, value, fragment):
+  from bipe_jax.training import flops  # pylint: disable=g-import-not-at-top
+  peak, source = flops.peak_flops_per_device(kind, platform, dtype)
+  assert peak == value and fragment in source
+  assert flops.peak_flops_per_device(kind, platform, dtype, 5e12) == (
+      5e12, '5e+12 FLOP/s per device (train.peak_flops_per_device)')
+
+
+def test_unknown_accelerator_reports_no_mfu(tmp_path):
+  from bipe_jax.training import flops  # pylint: disable=g-import-not-at-top
+  peak, source = flops.peak_flops_per_device('Some NPU', 'npu', 'bfloat16')
+  assert peak == 0 and 'MFU not reported' in source
+  logger = progress.ProgressLogger(str(tmp_path), total_steps=2, tokens_per_step=10,
+                                   flops_per_token=1.0, peak_flops=peak, log_every=1,
+                                   enabled=False)
+  logger.record(1, {'loss': 1.0, 'learning_rate': 1e-3})
+  metrics = logger.record(2, {'loss': 1.0, 'learning_rate': 1e-3})
+  assert 'mfu' not in metrics and 'MFU' not in progress.format_line(2, 2, metrics)

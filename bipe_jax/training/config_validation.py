@@ -50,8 +50,9 @@ def validate_train(t) -> None:
   _require(_num(t.eps) and t.eps > 0, 'train.eps', t.eps, 'must be > 0')
   _require(_num(t.grad_clip) and t.grad_clip >= 0, 'train.grad_clip', t.grad_clip,
            'must be >= 0 (0 = no clipping)')
-  _require(_num(t.peak_flops_per_device) and t.peak_flops_per_device > 0,
-           'train.peak_flops_per_device', t.peak_flops_per_device, 'must be > 0 (FLOP/s)')
+  _require(_num(t.peak_flops_per_device) and t.peak_flops_per_device >= 0,
+           'train.peak_flops_per_device', t.peak_flops_per_device,
+           'must be >= 0 (FLOP/s; 0 = the device kind\'s published peak)')
 
 
 def validate_checkpoint(c) -> None:

@@ -13,7 +13,18 @@ biases are lower order). Per token, per layer, forward:
 
 plus the unembedding 2 * D * V once per token. Training = 3 x forward (backward is twice the
 forward); rematerialisation recomputes the forward but is not counted (model FLOPs, the usual
-MFU convention).
+MFU convention). Causal attention IS halved: the score and value matmuls count T_avg = (T + 1)/2
+keys per query (the keys a causal query sees), not T; blockwise attention also skips the
+blocks above the diagonal, so this is the work it does.
+
+The peak MFU is measured against (`peak_flops_per_device`): the published dense (no sparsity)
+peak of the device kind for the compute dtype — H100/H200 SXM: 989 TFLOP/s bfloat16, 494 TF32
+(float32 matmuls on NVIDIA GPUs run as TF32 under XLA's default precision); A100: 312 / 156;
+TPU v4: 275, v5e: 197, v5p: 459, v6e: 918 (bfloat16; float32 matmuls on TPU run as bfloat16
+passes at default precision, so the same figure) — and on CPU the float32 matmul rate measured
+on the project's 2-core machine, 2e11 FLOP/s per host (machines of that kind measure 1.0e11 to
+3.8e11: /work/shared/PERFORMANCE.md; benchmarks/matmul_peak.py measures yours).
+`train.peak_flops_per_device` > 0 overrides it.
 """
 
 
@@ -60,3 +71,45 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> 
   if peak_flops <= 0:
     return 0.0
   return tokens_per_second * flops_per_token / peak_flops
+
+
+# Published dense peaks in FLOP/s per device: (device_kind substring, bfloat16, float32).
+# The first match wins, so more specific names come first.
+PUBLISHED_PEAKS = (
+    ('h200', 989e12, 494e12),
+    ('h100', 989e12, 494e12),
+    ('a100', 312e12, 156e12),
+    ('v6 lite', 918e12, 918e12),
+    ('v6e', 918e12, 918e12),
+    ('v5 lite', 197e12, 197e12),
+    ('v5e', 197e12, 197e12),
+    ('v5p', 459e12, 459e12),
+    ('v5', 459e12, 459e12),
+    ('v4', 275e12, 275e12),
+)
+CPU_PEAK_PER_HOST = 2.0e11  # float32, measured on the project's 2-core machine
+
+
+def peak_flops_per_device(device_kind: str, platform: str, dtype: str,
+                          override: float = 0.0) -> tuple[float, str]:
+  """(peak FLOP/s of one device, a description naming where it comes from). See the docstring.
+
+  On CPU the figure is per host (one host's cores, however many JAX CPU devices split them).
+  An unknown accelerator gives (0, ...): MFU is then not reported rather than wrong.
+  """
+  if override and override > 0:
+    return float(override), f'{override:.3g} FLOP/s per device (train.peak_flops_per_device)'
+  kind = device_kind.lower()
+  if platform == 'cpu':
+    return CPU_PEAK_PER_HOST, (f'{CPU_PEAK_PER_HOST:.3g} FLOP/s per host (float32 matmul rate '
+                               'measured on the 2-core CPU machine; set '
+                               'train.peak_flops_per_device for yours)')
+  half = dtype in ('bfloat16', 'float16')
+  for name, bf16, f32 in PUBLISHED_PEAKS:
+    if name in kind:
+      value = bf16 if half else f32
+      return value, (f'{value / 1e12:.0f} TFLOP/s per device (published dense '
+                     f'{"bfloat16" if half else "float32 (TF32 / bf16 passes)"} peak of '
+                     f'{device_kind})')
+  return 0.0, (f'no published peak known for {device_kind!r}: MFU not reported (set '
+               'train.peak_flops_per_device)')

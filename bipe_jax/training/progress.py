@@ -34,7 +34,8 @@ def format_line(step: int, total: int, metrics: dict) -> str:
   parts = [f'step {step}/{total}', f"loss {metrics['loss']:.4f}"]
   if metrics.get('tokens_per_sec'):
     parts.append(f"{metrics['tokens_per_sec']:,.0f} tok/s")
-    parts.append(f"MFU {100 * metrics['mfu']:.1f}%")
+    if 'mfu' in metrics:
+      parts.append(f"MFU {100 * metrics['mfu']:.1f}%")
   parts.append(f"lr {metrics['learning_rate']:.2e}")
   if metrics.get('eta_sec') is not None:
     parts.append(f"ETA {format_duration(metrics['eta_sec'])}")
@@ -84,7 +85,8 @@ class ProgressLogger:
     if step > s0 and now > t0:
       rate = (step - s0) * self.tokens_per_step / (now - t0)
       metrics['tokens_per_sec'] = rate
-      metrics['mfu'] = flops_lib.mfu(rate, self.flops_per_token, self.peak_flops)
+      if self.peak_flops > 0:  # an accelerator without a known peak reports no MFU
+        metrics['mfu'] = flops_lib.mfu(rate, self.flops_per_token, self.peak_flops)
       metrics['eta_sec'] = (self.total_steps - step) * (now - t0) / (step - s0)
       self._window_start = (now, step)
     if self.enabled:

@@ -161,11 +161,14 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
         make_iterator, config.data, global_batch_size=t.batch_size, num_shards=num_shards,
         process_slice=data_slice)
 
+    device = jax.devices()[0]
+    peak, peak_source = flops_lib.peak_flops_per_device(
+        device.device_kind, device.platform, str(config.model.dtype), t.peak_flops_per_device)
     logger = progress.ProgressLogger(
         workdir, total_steps=t.steps, tokens_per_step=t.batch_size * seq_len,
         flops_per_token=flops_lib.train_flops_per_token(model_config or config.model, seq_len),
-        peak_flops=t.peak_flops_per_device * (
-            jax.process_count() if jax.devices()[0].platform == 'cpu' else jax.device_count()),
+        peak_flops=peak * (jax.process_count() if device.platform == 'cpu'
+                           else jax.device_count()),
         log_every=t.log_every, enabled=is_main)
 
     try:
@@ -190,6 +193,7 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
       run_record.write_config(workdir, config)
     logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
                  f'{jax.process_count()} processes; training steps {start_step + 1}..{t.steps}')
+    logger.event(f'MFU is measured against {peak_source}')
     step_fn = train_step_lib.make_train_step(
         model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps, pad_id=pad_id)
 
