@@ -15,7 +15,7 @@ from bipe_jax import attention
 from bipe_jax import schemes
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)  # Llama tokenizer: '▁.' and '<0x0A>' (official BiPE code)
-SEPARATOR_MODES = ('auto', 'official', 'ids')
+SEPARATOR_MODES = ('auto', 'sentence', 'newline', 'official', 'ids')
 DTYPES = ('float32', 'bfloat16')
 ROPE_SCALINGS = ('none', 'linear', 'ntk', 'yarn')
 
@@ -85,13 +85,13 @@ def _err(field: str, value: Any, allowed: str) -> ValueError:
   return ValueError(f'model.{field}={value!r} is invalid: {allowed}.')
 
 
-def validate_model_config(cfg: ModelConfig) -> ModelConfig:
+def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True) -> ModelConfig:
   """Checks every field; raises ValueError naming the field and what is allowed. Returns cfg."""
   if cfg.position_encoding not in schemes.SCHEME_NAMES:
     raise _err('position_encoding', cfg.position_encoding,
                f'must be one of {", ".join(schemes.SCHEME_NAMES)}')
   positive = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'ffn_size', 'max_intra',
-              'max_position', 'train_length', 'rope_original_length', 'block_size',
+              'max_position', 'block_size',
               'dape_hidden', 'dapev2_kernel', 'fire_hidden', 't5_buckets', 't5_max_distance')
   for field in positive:
     value = getattr(cfg, field)
@@ -117,6 +117,16 @@ def validate_model_config(cfg: ModelConfig) -> ModelConfig:
     raise _err('rope_scaling', cfg.rope_scaling, f'must be one of {ROPE_SCALINGS}')
   if not cfg.rope_scaling_factor >= 1:
     raise _err('rope_scaling_factor', cfg.rope_scaling_factor, 'must be >= 1')
+  for field in ('train_length', 'rope_original_length'):  # 0 = not set: derived from seq_len
+    value = getattr(cfg, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise _err(field, value, 'must be an integer >= 0 (0 = data.seq_len, derived at start)')
+  derive = ('is 0 (= data.seq_len) but was not derived: set it, or build the config through '
+            'bipe_jax.training.config_validation.derive_fields')
+  if cfg.train_length == 0 and (cfg.rope_log_scale or cfg.scheme.bias == 'fire'):
+    raise _err('train_length', 0, derive)
+  if cfg.rope_original_length == 0 and cfg.rope_scaling != 'none':
+    raise _err('rope_original_length', 0, derive)
   if cfg.rope_log_scale and cfg.train_length < 2:
     raise _err('train_length', cfg.train_length, 'must be >= 2 with rope_log_scale')
   if not cfg.alibi_slope_factor >= 0:
@@ -130,6 +140,11 @@ def validate_model_config(cfg: ModelConfig) -> ModelConfig:
                f'ids {bad} are out of range: allowed 0..{cfg.vocab_size - 1}')
   if cfg.separators == 'ids' and not cfg.separator_ids:
     raise _err('separator_ids', cfg.separator_ids, "must not be empty with separators='ids'")
+  if require_separators and cfg.position_encoding.startswith('bipe') and not cfg.separator_ids:
+    raise _err('separator_ids', cfg.separator_ids,
+               f'is empty, so every token of a {cfg.position_encoding} model would be in segment '
+               f'0: resolve model.separators={cfg.separators!r} from the tokenizer '
+               f'(bipe_jax.training.config_validation.resolve_model_config) or give the ids')
   for field in ('bos_id', 'eos_id', 'pad_id'):
     value = getattr(cfg, field)
     if not -1 <= value < cfg.vocab_size:
@@ -155,12 +170,15 @@ def validate_model_config(cfg: ModelConfig) -> ModelConfig:
   return cfg
 
 
-def model_config_from_dict(model: Mapping[str, Any]) -> ModelConfig:
+def model_config_from_dict(model: Mapping[str, Any], *,
+                           require_separators: bool = True) -> ModelConfig:
   """`config.model` (ConfigDict or dict) -> validated ModelConfig.
 
   Unknown keys are an error (typos would otherwise be silently ignored). separator_ids become a
   tuple; with separators='official' and no ids, the official Llama ids (869, 13) are used
   ('auto' ids are resolved from the tokenizer by the data pipeline before this call).
+  A bipe_* scheme with no separator ids is an error unless `require_separators=False` (the
+  check of a config whose ids are resolved later, at training start).
   """
   values = dict(model.to_dict() if hasattr(model, 'to_dict') else model)
   known = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -173,7 +191,7 @@ def model_config_from_dict(model: Mapping[str, Any]) -> ModelConfig:
   values['separator_ids'] = tuple(int(i) for i in ids)
   if values.get('separators') == 'official' and not values['separator_ids']:
     values['separator_ids'] = OFFICIAL_SEPARATOR_IDS
-  return validate_model_config(ModelConfig(**values))
+  return validate_model_config(ModelConfig(**values), require_separators=require_separators)
 
 
 def count_params(cfg: ModelConfig, batch: int = 1, length: int = 8) -> int:

@@ -28,7 +28,6 @@ def get_config(encoding: str = 'bipe_rope'):
   m.ffn_size = 512
   m.max_intra = 64  # a step has at most 4 * 8 + 2 = 34 tokens at 8 operators
   m.max_position = 512
-  m.rope_original_length = 128
   m.separators = 'auto'  # the tokenizer's step separator '='
   m.restart_at_documents = True  # positions restart at every problem's <bos>
   m.mask_across_documents = True  # a problem never attends to the one packed before it

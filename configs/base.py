@@ -21,11 +21,11 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.max_intra = 1024  # learned intra-segment table size (official: training length 1024)
   m.max_position = 1024  # learned absolute table size ('learned' encoding)
   m.intra_zero_last_row = False  # official quirk: last intra row is zero (padding_idx=-1)
-  m.train_length = 1024  # training sequence length: FIRE's L0, RoPE log-scale reference
+  m.train_length = 0  # FIRE's L0, RoPE log-scale reference; 0 = data.seq_len (derived at start)
   m.rope_base = 10000.0
   m.rope_scaling = 'none'  # none | linear | ntk | yarn
   m.rope_scaling_factor = 1.0
-  m.rope_original_length = 1024
+  m.rope_original_length = 0  # RoPE scaling's original length; 0 = data.seq_len (derived)
   m.rope_log_scale = False  # BiPE option: q *= log(pos + 1) / log(train_length)
   m.alibi_slope_factor = 0.0  # 0 = scheme default (96 for bipe_alibi, 1 otherwise)
   m.separators = 'auto'  # auto (tokenizer rule) | official ({869, 13}) | ids (separator_ids)

@@ -17,7 +17,6 @@ def get_config():
   m.num_heads = 12
   m.ffn_size = 2048  # SwiGLU width: 3 x 768 x 2048 = 4.7M per layer, like a 4x GeLU MLP
   m.dape_hidden = 32
-  m.train_length = 512
   m.block_size = 256
   config.data.dataset = 'arxiv'
   config.data.seq_len = 512

@@ -13,8 +13,6 @@ def get_config():
   config.model.ffn_size = 512
   config.model.max_intra = 128
   config.model.max_position = 128
-  config.model.rope_original_length = 128
-  config.model.train_length = 128
   config.model.block_size = 128
   config.data.seq_len = 128
   config.train.steps = 600

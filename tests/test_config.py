@@ -16,7 +16,7 @@ PRESETS = ('tiny', 'rope_151m', 'bipe_rope_151m', 'bipe_alibi_151m', 'alibi_151m
 def test_fields_mirror_base_config():
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
   assert fields == set(base.model_defaults().keys())
-  cfg = model_config_from_dict(base.model_defaults())
+  cfg = model_config_from_dict(base.model_defaults(), require_separators=False)
   for key, value in base.model_defaults().items():
     expected = tuple(value) if key == 'separator_ids' else value
     assert getattr(cfg, key) == expected, key
@@ -25,18 +25,29 @@ def test_fields_mirror_base_config():
 @pytest.mark.parametrize('preset', PRESETS)
 def test_presets_validate(preset):
   config = importlib.import_module(f'configs.{preset}').get_config()
-  cfg = model_config_from_dict(config.model)
+  cfg = model_config_from_dict(config.model, require_separators=False)  # resolved at start
   assert cfg.position_encoding in SCHEME_NAMES
   assert isinstance(cfg.separator_ids, tuple)
 
 
+@pytest.mark.parametrize('encoding', [n for n in SCHEME_NAMES if n.startswith('bipe')])
+def test_bipe_without_separators_is_an_error(encoding):
+  with pytest.raises(ValueError, match=f'separator_ids=.*is empty.*{encoding}'):
+    model_config_from_dict(dict(position_encoding=encoding))
+  assert model_config_from_dict(dict(position_encoding=encoding),
+                                require_separators=False).separator_ids == ()
+  assert model_config_from_dict(dict(position_encoding='rope')).separator_ids == ()
+
+
 def test_derived_values():
-  cfg = model_config_from_dict(dict(hidden_size=96, num_heads=6, num_kv_heads=2))
+  cfg = model_config_from_dict(dict(hidden_size=96, num_heads=6, num_kv_heads=2,
+                                    separator_ids=(3,)))
   assert (cfg.head_size, cfg.kv_heads) == (16, 2)
-  assert model_config_from_dict({}).kv_heads == 4
-  assert model_config_from_dict(dict(position_encoding='bipe_alibi')).slope_factor == 96.0
-  assert model_config_from_dict(dict(position_encoding='alibi')).slope_factor == 1.0
+  assert model_config_from_dict(dict(separator_ids=(3,))).kv_heads == 4
   assert model_config_from_dict(dict(position_encoding='bipe_alibi',
+                                     separator_ids=(3,))).slope_factor == 96.0
+  assert model_config_from_dict(dict(position_encoding='alibi')).slope_factor == 1.0
+  assert model_config_from_dict(dict(position_encoding='bipe_alibi', separator_ids=(3,),
                                      alibi_slope_factor=8.0)).slope_factor == 8.0
 
 
@@ -58,7 +69,7 @@ BAD = [
     (dict(attention_impl='flash'), 'attention_impl.*dense.*blockwise.*cudnn'),
     (dict(attention_impl='cudnn', position_encoding='alibi'), 'attention_impl.*bias'),
     (dict(separator_ids=(3, 4096)), 'separator_ids.*4096.*0..4095'),
-    (dict(separators='ids'), 'separator_ids.*empty'),
+    (dict(separators='ids', separator_ids=()), 'separator_ids.*empty'),
     (dict(separators='regex'), 'separators.*auto'),
     (dict(rope_scaling='dynamic'), 'rope_scaling'),
     (dict(rope_scaling_factor=0.5), 'rope_scaling_factor'),
@@ -75,7 +86,7 @@ BAD = [
 @pytest.mark.parametrize('overrides,message', BAD)
 def test_validation_errors_name_the_field(overrides, message):
   with pytest.raises(ValueError, match=message):
-    model_config_from_dict(overrides)
+    model_config_from_dict({'separator_ids': (3,), **overrides})
 
 
 def test_unknown_field_is_an_error():
@@ -86,7 +97,7 @@ def test_unknown_field_is_an_error():
 def test_count_params_by_formula():
   cfg = model_config_from_dict(dict(vocab_size=100, hidden_size=16, num_layers=2, num_heads=4,
                                     num_kv_heads=2, ffn_size=24, max_intra=10,
-                                    position_encoding='bipe_kerple'))
+                                    position_encoding='bipe_kerple', separator_ids=(3,)))
   d, g_dh, f, v = 16, 2 * 4, 24, 100
   per_layer = 2 * d + d * d + 2 * d * g_dh + d * d + 3 * d * f + 2 * 4  # norms, attn, mlp, kerple
   assert count_params(cfg) == 2 * v * d + 10 * d + d + 2 * per_layer

@@ -30,6 +30,15 @@ def test_embedded_corpus_prepare_iterate_evaluate(tmp_path):
   assert len(newline) == 1 and newline[0] in tok.separator_ids('auto')
   text = 'def f(x):\n    """Doc."""\n    return x\n'
   assert tok.decode(tok.encode(text)) == text
+  # Separators on the real pieces of the embedded tokenizer (issue: decimal points,
+  # abbreviations and code punctuation used to end segments).
+  sep = set(tok.separator_ids('sentence'))
+  def separators_in(text):
+    return [tok.id_to_piece(i) for i in tok.encode(text) if i in sep]
+  assert separators_in('It is 3.5 units, e.g. this one') == []
+  assert separators_in('x = y if re.match(r"(?P<n>a)", s) != None else {!r}') == []
+  assert separators_in('Really? Yes! Done.\n') == ['?', '!', '\n']
+  assert separators_in('He said "stop." (See the docs.)') == ['."', '.)']
   it = data_lib.make_train_iterator(c, 4)
   batch = next(it)
   it.close()

@@ -47,7 +47,9 @@ def test_newline_is_its_own_piece_and_a_separator(tiny):
 
 
 def reference_auto_separators(pieces, specials):
-  """Loop-based reading of the rule, independent of the library's helpers."""
+  """Loop-based reading of the rule, independent of the library's helpers: newline pieces, and
+  pieces made of exactly one '.', '!' or '?' plus closing quotes / brackets (a leading space
+  marker allowed), except the bare '.' piece."""
   out = []
   for i, p in enumerate(pieces):
     if i in specials:
@@ -57,8 +59,11 @@ def reference_auto_separators(pieces, specials):
       continue
     if p.startswith('<0x') and p.endswith('>') and len(p) == 6:
       continue  # other byte pieces are not sentence ends
-    core = ''.join(ch for ch in p if ch != '\u2581')
-    if core and core[-1] in '.!?':
+    core = p[1:] if p.startswith('\u2581') else p
+    if p == '.' or not core:
+      continue
+    marks = sum(ch in '.!?' for ch in core)
+    if marks == 1 and all(ch in '.!?)]}"\'\u201d\u2019' for ch in core):
       out.append(i)
   return tuple(out)
 
@@ -67,19 +72,17 @@ def test_auto_separators_follow_the_rule(tiny):
   pieces = tiny.pieces()
   sep = tiny.separator_ids('auto')
   assert sep == reference_auto_separators(pieces, {0, 1, 2})
-  # The trained corpus ends sentences with '.', '!' and '?': each has a separator piece.
-  assert {'.', '!', '?'} <= {pieces[i].replace('\u2581', '')[-1] for i in sep if pieces[i] != '\n'
-                             and pieces[i] != '<0x0A>'}
+  assert tiny.separator_ids('sentence') == sep
   assert 1 not in sep and 2 not in sep  # BOS / EOS are not separators
-  assert tiny.encode('.')[0] in sep
+  assert tiny.encode('.')[0] not in sep  # the bare '.' is also a decimal point: undecidable
 
 
 def test_separator_pieces_by_hand():
-  assert tokenizer_lib.is_sentence_end_piece('\u2581.')
-  assert tokenizer_lib.is_sentence_end_piece('end!\u2581')
-  assert tokenizer_lib.is_sentence_end_piece('why?')
-  assert not tokenizer_lib.is_sentence_end_piece('\u2581')
-  assert not tokenizer_lib.is_sentence_end_piece('.x')
+  for piece in ('\u2581.', '!', '?', '."', ').', '.")', "'.", '\u2581?', '].'):
+    assert tokenizer_lib.is_sentence_end_piece(piece), piece
+  for piece in ('.', '..', '...', '(?', '\u2581{!', '!=', '\u2581!=', '._', '__.', '.x', '().',
+                'end!\u2581', '\u2581', '3.', '.,', '*.'):
+    assert not tokenizer_lib.is_sentence_end_piece(piece), piece
   assert tokenizer_lib.is_newline_piece('<0x0A>') and tokenizer_lib.is_newline_piece('\n\n')
   assert not tokenizer_lib.is_newline_piece('<0x0D>')
 
@@ -90,8 +93,8 @@ def test_explicit_and_official_separators(tiny):
     tiny.separator_ids([3, 320])
   with pytest.raises(ValueError, match="'official' uses ids .*vocab_size 320"):
     tiny.separator_ids('official')
-  with pytest.raises(ValueError, match="rule 'sentence' is not one of"):
-    tiny.separator_ids('sentence')
+  with pytest.raises(ValueError, match="rule 'sentences' is not one of"):
+    tiny.separator_ids('sentences')
 
 
 def test_vocab_size_check(tiny):

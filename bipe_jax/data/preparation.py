@@ -34,6 +34,24 @@ def tokenizer_path(data_config) -> str:
   return default_tokenizer_path(data_config)
 
 
+def default_separator_rule(data_config) -> str:
+  """The separator rule that fits the dataset's kind (what `model.separators='auto'` means).
+
+  'newline' for a text folder whose files are all source code (the paper segments code at
+  newlines only); 'sentence' (full stop, '!', '?', newline) for everything else, including the
+  embedded corpus, whose prose (the CPython docs) and code (the standard library) share the
+  newline and whose code rarely holds a sentence-final piece.
+  """
+  if data_config.dataset == 'text_folder' and data_config.text_dir:
+    from bipe_jax.data import text_folder  # pylint: disable=g-import-not-at-top
+    exts = {os.path.splitext(name)[1].lower()
+            for _, _, files in os.walk(os.path.expanduser(data_config.text_dir)) for name in files}
+    exts.discard('')
+    if exts and exts <= set(text_folder.CODE_EXTENSIONS):
+      return 'newline'
+  return 'sentence'
+
+
 def get_tokenizer(data_config):
   """The configured tokenizer (a `Tokenizer`); a clear error when it does not exist yet."""
   if data_config.dataset == ARITHMETIC:

@@ -5,11 +5,29 @@ dummy prefix, byte fallback (no `<unk>` for unseen characters) and the newline a
 (a user-defined symbol), because the newline is a BiPE segment separator. Special ids follow
 configs/base.py: unk 0, bos 1, eos 2, no pad piece (pad_id -1).
 
-Separator rules (`Tokenizer.separator_ids`):
-  'auto'      every piece that ends a sentence ('.', '!' or '?' as its last character, the
-              '▁' space marker ignored) or contains a newline (byte-fallback '<0x0A>' included);
+Separator rules (`Tokenizer.separator_ids`), the paper's segments: a full stop that ends a
+sentence, '!' and '?', and a newline for text; newlines only for code.
+  'sentence'  newline pieces, plus every piece that is sentence-final punctuation: one '.', '!'
+              or '?', with only closing quotes / brackets around it (').', '."', '.")', "'.",
+              '!', '?', ...), and the period after a space ('▁.', the official code's id 869).
+              NOT marked: pieces that also occur inside code or numbers ('(?', '▁{!', '!=',
+              '._', '__.', '...', '..', '().'), and the bare '.' piece. A rule on pieces alone
+              cannot decide the bare '.': this tokenizer emits the same piece for a decimal point
+              ('3.5' -> '3' '.' '5'), inside an abbreviation ('e.g.') and after a word at the end
+              of a sentence ('units.' -> 'its' '.'). We never split on it, so decimal points and
+              abbreviations never end a segment, and a sentence whose period is that piece ends
+              its segment at the next newline or unambiguous punctuation (the official models
+              likewise split on '▁.' and newline only: REFERENCE.md §1). For prose with one
+              sentence per line nothing is lost; hard-wrapped text splits at its line ends.
+              Likewise a bare '!' or '?' piece is taken as sentence-final although code can
+              produce it ('{x!r}' in an f-string): use 'newline' for code.
+  'auto'      the same as 'sentence' here; at the config level (`model.separators='auto'`) it
+              means the dataset's default rule (bipe_jax.data.preparation.default_separator_rule:
+              'newline' for a folder of code files, 'sentence' otherwise).
   'newline'   only newline pieces (the paper's choice for code);
-  'official'  the released BiPE models' ids {869, 13} ('▁.' and '<0x0A>' of the Llama tokenizer);
+  'official'  the released BiPE models' ids {869, 13}, accepted only when this tokenizer's pieces
+              at those ids are the Llama tokenizer's ('▁.' and '<0x0A>'); any other tokenizer is
+              an error naming the pieces found (pass the ids explicitly to override);
   a sequence of ints: explicit ids.
 
 Known SentencePiece limitation: the space marker character '▁' (U+2581) itself in the input text
@@ -17,7 +35,6 @@ decodes back as a space.
 """
 
 import io
-import logging
 import os
 from typing import Iterable, Iterator, Sequence
 
@@ -25,11 +42,13 @@ import numpy as np
 import sentencepiece as spm
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)
-SEPARATOR_RULES = ('auto', 'newline', 'official')
+SEPARATOR_RULES = ('auto', 'sentence', 'newline', 'official')
+OFFICIAL_SEPARATOR_PIECES = ('\u2581.', '<0x0A>')
 MODEL_TYPES = ('bpe', 'unigram')
 SPACE_MARKER = '\u2581'  # '▁'
 NEWLINE_BYTE_PIECE = '<0x0A>'
 SENTENCE_END = ('.', '!', '?')
+CLOSING = ')]}"\'\u201d\u2019'  # brackets and quotes that may follow or precede a sentence end
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, -1
 
 
@@ -38,8 +57,17 @@ def is_newline_piece(piece: str) -> bool:
 
 
 def is_sentence_end_piece(piece: str) -> bool:
-  stripped = piece.replace(SPACE_MARKER, '')
-  return bool(stripped) and stripped[-1] in SENTENCE_END
+  """Unambiguous sentence-final punctuation (see the module docstring): exactly one '.', '!' or
+  '?' with only closing quotes / brackets around it, not the bare '.' piece."""
+  if piece == '.':
+    return False  # a decimal point, an abbreviation or a sentence end: undecidable alone
+  stripped = piece.lstrip(SPACE_MARKER)
+  if SPACE_MARKER in stripped:
+    return False
+  marks = [c for c in stripped if c in SENTENCE_END]
+  if len(marks) != 1:
+    return False
+  return all(c in SENTENCE_END or c in CLOSING for c in stripped)
 
 
 class Tokenizer:
@@ -98,7 +126,7 @@ class Tokenizer:
     return [self._sp.IdToPiece(i) for i in range(self.vocab_size)]
 
   def separator_ids(self, rule='auto') -> tuple[int, ...]:
-    """Sorted separator ids for `rule` ('auto' | 'newline' | 'official' | explicit ids)."""
+    """Sorted separator ids for `rule` ('auto' | 'sentence' | 'newline' | 'official' | ids)."""
     v = self.vocab_size
     if isinstance(rule, str):
       if rule not in SEPARATOR_RULES:
@@ -108,11 +136,13 @@ class Tokenizer:
         if v <= max(OFFICIAL_SEPARATOR_IDS):
           raise ValueError(f"separator rule 'official' uses ids {OFFICIAL_SEPARATOR_IDS} of the "
                            f'Llama tokenizer (vocab 32000); {self.path} has vocab_size {v}')
-        pieces = [self.id_to_piece(i) for i in OFFICIAL_SEPARATOR_IDS]
-        if pieces != ['\u2581.', NEWLINE_BYTE_PIECE]:
-          logging.warning("separator rule 'official' on %s: ids %s are pieces %s, not the Llama "
-                          "tokenizer's ['▁.', '<0x0A>']", self.path, OFFICIAL_SEPARATOR_IDS,
-                          pieces)
+        pieces = tuple(self.id_to_piece(i) for i in OFFICIAL_SEPARATOR_IDS)
+        if pieces != OFFICIAL_SEPARATOR_PIECES:
+          raise ValueError(
+              f"separator rule 'official' means ids {OFFICIAL_SEPARATOR_IDS} = pieces "
+              f"{list(OFFICIAL_SEPARATOR_PIECES)} of the Llama tokenizer, but in {self.path} they "
+              f"are {list(pieces)}: use a rule ('sentence' / 'newline' / 'auto'), or pass the ids "
+              f"explicitly (separators='ids') if you really mean them")
         return tuple(sorted(OFFICIAL_SEPARATOR_IDS))
       out = []
       for i in range(v):
@@ -121,7 +151,8 @@ class Tokenizer:
         piece = self.id_to_piece(i)
         if is_newline_piece(piece):
           out.append(i)
-        elif rule == 'auto' and not self._sp.IsByte(i) and is_sentence_end_piece(piece):
+        elif (rule in ('auto', 'sentence') and not self._sp.IsByte(i)
+              and is_sentence_end_piece(piece)):
           out.append(i)
       return tuple(out)
     ids = tuple(sorted({int(i) for i in rule}))

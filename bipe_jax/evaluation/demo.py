@@ -102,7 +102,6 @@ class DemoPlan:
         f'--config.data.data_dir={self.data_dir}',
         f'--config.model.max_intra={self.seq_len}',  # official: intra table = training length
         f'--config.model.max_position={longest}',  # only 'learned' uses it (untrained rows)
-        f'--config.model.rope_original_length={self.seq_len}',
         f'--config.model.block_size={min(128, self.seq_len)}',
         f'--config.train.steps={steps}',
         f'--config.train.batch_size={self.batch_size}',

@@ -3,7 +3,8 @@
 `validate_config` checks the train / checkpoint / mesh sections against the devices and
 processes of this run and delegates the model section to `bipe_jax.config` (the model's own
 validation). `resolve_model_config` then fills `model.separator_ids` from the tokenizer
-(model.separators 'auto' | 'official' | 'ids') and checks the vocab sizes agree.
+(model.separators 'auto' | 'sentence' | 'newline' | 'official' | 'ids') and checks the vocab
+sizes and the BOS / EOS ids agree with the tokenizer.
 Every error is a `ConfigError` (a ValueError) whose message names the field, its value and
 what is allowed.
 """
@@ -98,13 +99,31 @@ def validate_data_shards(config, data_process_count: int) -> int:
   return data_shards
 
 
+# Model fields derived from another field unless set explicitly (> 0): (field, source, why).
+DERIVED_MODEL_FIELDS = (
+    ('train_length', 'data.seq_len', "FIRE's L0 and RoPE log-scale reference"),
+    ('rope_original_length', 'data.seq_len', 'the original length of a RoPE scaling method'),
+)
+
+
+def derive_fields(config) -> None:
+  """Fills model fields left at 0 from their source (`DERIVED_MODEL_FIELDS`), in place, so the
+  run records the values it used; explicitly set values are kept."""
+  for field, source, _ in DERIVED_MODEL_FIELDS:
+    if config.model.get(field, 0) == 0:
+      section, name = source.split('.')
+      with config.unlocked() if hasattr(config, 'unlocked') else _null():
+        config.model[field] = int(config[section][name])
+
+
 def validate_config(config, device_count: int) -> None:
   """Validates every section once at start. Raises ConfigError (one line)."""
   for name in ('model', 'data', 'train', 'checkpoint', 'mesh'):
     if name not in config:
       raise ConfigError(f'config has no section {name!r}; build configs from configs/base.py')
-  try:
-    model_config_lib.model_config_from_dict(config.model)
+  try:  # separator ids of a rule are resolved from the tokenizer later (resolve_model_config)
+    model_config_lib.model_config_from_dict(config.model,
+                                            require_separators=config.model.separators == 'ids')
   except ValueError as e:
     raise ConfigError(str(e)) from None
   seq_len = config.data.seq_len
@@ -118,10 +137,18 @@ def validate_config(config, device_count: int) -> None:
 def resolve_model_config(config, tokenizer) -> model_config_lib.ModelConfig:
   """The ModelConfig with separator ids resolved from the tokenizer; checks the vocab size.
 
-  model.separators: 'auto' (tokenizer rule) or 'official' ({869, 13}) fill
-  model.separator_ids (also written back into `config.model`); 'ids' keeps the given ids.
+  model.separators: 'auto' (the dataset's default rule: 'newline' for code folders, else
+  'sentence'), 'sentence', 'newline' or 'official' ({869, 13}, checked against the tokenizer's
+  pieces) fill model.separator_ids (also written back into `config.model`, so the run records
+  them); 'ids' keeps the given ids. A bipe_* scheme whose resolved set is empty is an error.
   """
   vocab = tokenizer.vocab_size
+  for field in ('bos_id', 'eos_id'):
+    want = int(getattr(tokenizer, field))
+    if int(config.model[field]) != want:
+      raise ConfigError(f'model.{field}={config.model[field]} does not match the tokenizer '
+                        f'{getattr(tokenizer, "path", "")} ({field} {want}): set '
+                        f'model.{field}={want}')
   if config.model.vocab_size != vocab:
     raise ConfigError(
         f'model.vocab_size={config.model.vocab_size} does not match the tokenizer '
@@ -132,8 +159,12 @@ def resolve_model_config(config, tokenizer) -> model_config_lib.ModelConfig:
     raise ConfigError(f'model.separators={mode!r} is invalid: must be one of '
                       f'{model_config_lib.SEPARATOR_MODES}')
   if mode != 'ids':
+    rule = mode
+    if mode == 'auto':  # the dataset's kind decides: newlines for code, sentences for text
+      from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
+      rule = preparation.default_separator_rule(config.data)
     try:
-      ids = tuple(int(i) for i in tokenizer.separator_ids(mode))
+      ids = tuple(int(i) for i in tokenizer.separator_ids(rule))
     except ValueError as e:
       raise ConfigError(f'model.separators={mode!r}: {e}') from None
     with config.unlocked() if hasattr(config, 'unlocked') else _null():

@@ -122,6 +122,7 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
     NonFiniteLossError: the loss became NaN/Inf.
   """
   config = config.copy_and_resolve_references()
+  config_validation.derive_fields(config)
   config_validation.validate_config(config, jax.device_count())
   mesh = mesh_lib.make_mesh(config.mesh)
   t = config.train
