@@ -25,7 +25,8 @@ Callbacks:
   transform_fn(scores, bias, q_pos, k_pos, k_in_range) -> adapted scores [B, H, q, k]
     (DAPE). scores = q.k * scale in float32 [B, H, q, k]; bias as returned by bias_fn or None;
     q_pos [B, q], k_pos [B, k] causal indices; k_in_range [B, k] bool, False for keys outside
-    [0, K) (zero padding of a convolution over keys). When a transform is given the bias is NOT
+    [0, K) and for padding keys (`k_valid` False): the zero padding of a convolution over keys,
+    so left padding is invisible to DAPE V2 as it is to the positions. When a transform is given the bias is NOT
     added by the attention: the transform returns the final logits (DAPE: S + B + f([S; B])).
     `transform_halo` (blockwise only) = extra keys the transform needs on each side of a key
     block (DAPE V2 with kernel k: 2 * (k // 2)); the block's keys are widened by the halo,
@@ -153,8 +154,8 @@ def dense_attention(q_BxHxQxDh: jax.Array,
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if q_streams is None:
     q_streams, k_streams = q_pos, k_pos
-  if k_in_range is None:
-    k_in_range = jnp.ones(k_pos.shape, bool)
+  if k_in_range is None:  # padding keys count as outside the row for a key-axis transform
+    k_in_range = jnp.ones(k_pos.shape, bool) if k_valid is None else k_valid
   logits = _block_logits(q, k, q_pos, k_pos, q_streams, k_streams, k_in_range, scale=scale,
                          bias_fn=bias_fn, transform_fn=transform_fn)
   vis = _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_streams,
@@ -268,7 +269,7 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
       kpos_ext = sl(k_pos_p)
       kstr_ext = jax.tree.map(sl, k_streams_p)
       logits = _block_logits(q_blk, sl(k_p, 2), qpos_blk, kpos_ext, qstr_blk, kstr_ext,
-                             sl(k_in_range_p), scale=scale, bias_fn=bias_fn,
+                             sl(k_valid_p), scale=scale, bias_fn=bias_fn,
                              transform_fn=transform_fn)
       crop = lambda x, axis: jax.lax.slice_in_dim(x, halo, halo + bk, axis=axis)
       logits = crop(logits, 3)

@@ -1,14 +1,11 @@
 """`ModelConfig`: the model section of the ml_collections config as a frozen, validated dataclass.
 
   cfg = model_config_from_dict(config.model)   # validates, raises ValueError naming the field
-  n = count_params(cfg)                          # via jax.eval_shape: no memory is allocated
 """
 
 import dataclasses
-import math
 from typing import Any, Mapping, Tuple
 
-import jax
 import jax.numpy as jnp
 
 from bipe_jax import attention
@@ -192,13 +189,3 @@ def model_config_from_dict(model: Mapping[str, Any], *,
   if values.get('separators') == 'official' and not values['separator_ids']:
     values['separator_ids'] = OFFICIAL_SEPARATOR_IDS
   return validate_model_config(ModelConfig(**values), require_separators=require_separators)
-
-
-def count_params(cfg: ModelConfig, batch: int = 1, length: int = 8) -> int:
-  """Number of parameters of `Transformer(cfg)`, from jax.eval_shape (nothing allocated)."""
-  from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  module = model_lib.Transformer(cfg)
-  tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-  shapes = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
-  leaves = jax.tree.leaves(shapes['params'])
-  return int(sum(math.prod(x.shape) for x in leaves))

@@ -389,3 +389,11 @@ class Transformer(nn.Module):
                       kernel_init=nn.with_logical_partitioning(_INIT, ('embed', 'vocab')),
                       name='lm_head')(x)
     return logits.astype(jnp.float32)
+
+
+def count_params(cfg: ModelConfig, batch: int = 1, length: int = 8) -> int:
+  """Number of parameters of `Transformer(cfg)`, from jax.eval_shape (nothing allocated)."""
+  module = Transformer(cfg)
+  tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+  shapes = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes['params'])))

@@ -33,8 +33,8 @@ def sha256_of(path: str) -> str:
 
 
 def _has_file_tokenizer(data_config) -> bool:
-  from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
-  return data_config.dataset != preparation.ARITHMETIC
+  from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
+  return generated.lookup(data_config.dataset) is None
 
 
 def pin_for_training(config, workdir: str) -> str | None:

@@ -1,6 +1,6 @@
 """DAPE-Kerple as in the DAPE paper: a 125M-class model, train length 512, Adam(0.9, 0.95).
 
-With the untied 50304-token embeddings (77M of the total) count_params gives 162M, as for
+With the untied 50304-token embeddings (77M of the total) bipe_jax.model.count_params gives 162M, as for
 Pythia-160M, the GPT-NeoX "125M" configuration with an untied output layer.
 """
 

@@ -5,7 +5,8 @@ import importlib
 
 import pytest
 
-from bipe_jax.config import ModelConfig, count_params, model_config_from_dict
+from bipe_jax.config import ModelConfig, model_config_from_dict
+from bipe_jax.model import count_params
 from bipe_jax.schemes import SCHEME_NAMES
 from configs import base
 

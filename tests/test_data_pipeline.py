@@ -2,7 +2,6 @@
 
 import json
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -253,16 +252,19 @@ def test_tokenizer_entry_points(config, tmp_path):
     data_lib.get_tokenizer(c)
 
 
-def test_arithmetic_is_delegated(config, monkeypatch):
-  fake = types.ModuleType('bipe_jax.tasks.arithmetic')
-  fake.get_tokenizer = lambda cfg: ('tok', cfg.dataset)
-  fake.make_train_iterator = lambda cfg, b, i, n: ('it', b, i, n)
-  fake.make_eval_blocks = lambda cfg, length, split, max_tokens, stride: ('ev', length, stride)
-  monkeypatch.setitem(sys.modules, 'bipe_jax.tasks.arithmetic', fake)
-  import bipe_jax.tasks  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(bipe_jax.tasks, 'arithmetic', fake, raising=False)
+def test_generated_datasets_are_delegated_to_their_registered_hooks(config, monkeypatch):
+  from bipe_jax.data import generated  # pylint: disable=import-outside-toplevel
+  prepared = []
+  fake = generated.GeneratedDataset(
+      get_tokenizer=lambda cfg: ('tok', cfg.dataset),
+      make_train_iterator=lambda cfg, b, i, n: ('it', b, i, n),
+      make_eval_blocks=lambda cfg, length, split, max_tokens, stride: ('ev', length, stride),
+      prepare=lambda cfg: prepared.append(cfg.dataset))
+  monkeypatch.setitem(generated._REGISTRY, 'fake_task', fake)  # pylint: disable=protected-access
   c = config.copy_and_resolve_references()
-  c.dataset = 'arithmetic'
-  assert data_lib.get_tokenizer(c) == ('tok', 'arithmetic')
+  c.dataset = 'fake_task'
+  assert data_lib.get_tokenizer(c) == ('tok', 'fake_task')
   assert data_lib.make_train_iterator(c, 4, 1, 2) == ('it', 4, 1, 2)
   assert data_lib.make_eval_blocks(c, 32, stride=8) == ('ev', 32, 8)
+  data_lib.prepare(c)
+  assert prepared == ['fake_task']

@@ -251,3 +251,25 @@ def test_evaluation_sharded_over_a_4_device_mesh_matches_one_device(tmp_path):
   assert 'tensor' in out['kernel_spec']  # parameters really are laid out over the mesh
   assert out['sharded'][1] == out['single'][1] == 10 * 23
   np.testing.assert_allclose(out['sharded'][0], out['single'][0], rtol=1e-5)
+
+
+def test_every_length_of_a_sweep_scores_the_same_number_of_targets(workdir):
+  path, _, _ = workdir
+  run = runs_lib.load_run(path)
+  results = sweep.evaluate_run(run, [8, 16, 32], max_tokens=500, tokens_per_batch=64)
+  # 500 tokens cut to 480 (a multiple of 32) at every length; positions 0, 8, 16, ... unscored
+  assert [r.tokens for r in results] == [480 - 480 // 8] * 3
+  assert [r.blocks for r in results] == [60, 30, 15]
+
+
+def test_a_bipe_run_without_stored_separators_is_refused(tmp_path):
+  path = str(tmp_path / 'old')
+  _write_workdir(path, 'bipe_rope')
+  config_file = os.path.join(path, 'config.json')
+  with open(config_file) as f:
+    saved = json.load(f)
+  saved['model']['separator_ids'] = []
+  with open(config_file, 'w') as f:
+    json.dump(saved, f)
+  with pytest.raises(runs_lib.RunError, match=r'config.json: .*bipe_rope.*separator'):
+    runs_lib.load_run(path)

@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from bipe_jax import config as config_lib
+from bipe_jax import model as model_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax.config import ModelConfig
 from bipe_jax.model import Transformer
@@ -338,7 +339,7 @@ def test_no_jit_equals_jit():
                                     'alibi_151m'])
 def test_151m_presets_parameter_count(preset):
   config = importlib.import_module(f'configs.{preset}').get_config()
-  n = config_lib.count_params(config_lib.model_config_from_dict(config.model,
+  n = model_lib.count_params(config_lib.model_config_from_dict(config.model,
                                                                  require_separators=False))
   assert 150e6 <= n <= 165e6, n
 

@@ -281,15 +281,19 @@ def test_batch_must_divide_across_data_shards():
 
 def test_vocab_mismatch_and_separator_resolution():
   class FakeTokenizer:
-    vocab_size, path = 4096, '/x/spm.model'
+    vocab_size, path, bos_id, eos_id = 4096, '/x/spm.model', 1, 2
 
     def separator_ids(self, rule):
-      assert rule == 'auto'
+      assert rule == 'sentence'  # 'auto' on the embedded corpus (prose and code)
       return (13, 7)
 
   config = base.get_base_config()
   model_config = config_validation.resolve_model_config(config, FakeTokenizer())
   assert model_config.separator_ids == (13, 7)
+  config.model.bos_id = 3
+  with pytest.raises(config_validation.ConfigError, match=r'model.bos_id=3 does not match.*bos_id 1'):
+    config_validation.resolve_model_config(config, FakeTokenizer())
+  config.model.bos_id = 1
   config.model.vocab_size = 512
   with pytest.raises(config_validation.ConfigError, match='model.vocab_size=512 does not match'):
     config_validation.resolve_model_config(config, FakeTokenizer())

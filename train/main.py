@@ -32,16 +32,16 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 def main(argv):
   del argv
-  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax, TFDS) to a file
-    from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
-    name = 'library.log' if _PROCESS_ID.value <= 0 else f'library.{_PROCESS_ID.value}.log'
-    run_logging.send_library_logs_to(os.path.join(_WORKDIR.value, name))
   from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
   try:
     cpu_devices.use_cpu_devices(_CPU_DEVICES.value)
   except cpu_devices.CpuDevicesError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
+  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax, TFDS) to a file
+    from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+    name = 'library.log' if _PROCESS_ID.value <= 0 else f'library.{_PROCESS_ID.value}.log'
+    run_logging.send_library_logs_to(os.path.join(_WORKDIR.value, name))
   from bipe_jax.training import cli  # pylint: disable=g-import-not-at-top
   sys.exit(cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
                    num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value))

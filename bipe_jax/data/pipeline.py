@@ -22,6 +22,7 @@ import threading
 import grain
 import numpy as np
 
+from bipe_jax.data import generated
 from bipe_jax.data import packing
 from bipe_jax.data import preparation as prepare_lib
 from bipe_jax.data import tfds_builders
@@ -81,8 +82,9 @@ def make_train_iterator(data_config, batch_size_per_process: int, process_index:
 
   `get_state()` / `set_state(state)` resume exactly; grain's Orbax checkpoint handler works too.
   """
-  if data_config.dataset == prepare_lib.ARITHMETIC:
-    return prepare_lib._arithmetic().make_train_iterator(  # pylint: disable=protected-access
+  task = generated.lookup(data_config.dataset)
+  if task is not None:
+    return task.make_train_iterator(
         data_config, batch_size_per_process, process_index, process_count)
   return iter(make_train_dataset(data_config, batch_size_per_process, process_index,
                                  process_count))
@@ -145,8 +147,9 @@ def make_eval_blocks(data_config, length: int, split: str = 'validation',
 
   The same stream (capped at `max_tokens` once) serves every length. See `cut_blocks`.
   """
-  if data_config.dataset == prepare_lib.ARITHMETIC:
-    return prepare_lib._arithmetic().make_eval_blocks(  # pylint: disable=protected-access
+  task = generated.lookup(data_config.dataset)
+  if task is not None:
+    return task.make_eval_blocks(
         data_config, length, split=split, max_tokens=max_tokens, stride=stride)
   stream = eval_stream(data_config, split)
   what = f'the {split!r} split of {data_config.dataset!r}'

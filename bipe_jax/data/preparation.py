@@ -2,8 +2,8 @@
 
 The default tokenizer of a dataset lives beside it: `<dataset root>/spm_<type>_<vocab>.model`
 (see tfds_builders.dataset_root). `data.tokenizer_path` overrides it (any SentencePiece model,
-e.g. the Llama tokenizer). The synthetic 'arithmetic' dataset is delegated to
-`bipe_jax.tasks.arithmetic`.
+e.g. the Llama tokenizer). Generated datasets (e.g. the arithmetic task) are delegated to the
+hooks their task registered (`generated`).
 """
 
 import dataclasses
@@ -11,15 +11,9 @@ import logging
 import os
 import time
 
+from bipe_jax.data import generated
 from bipe_jax.data import tfds_builders
 from bipe_jax.data import tokenizer as tokenizer_lib
-
-ARITHMETIC = 'arithmetic'
-
-
-def _arithmetic():
-  from bipe_jax.tasks import arithmetic  # pylint: disable=import-outside-toplevel
-  return arithmetic
 
 
 def default_tokenizer_path(data_config) -> str:
@@ -54,8 +48,9 @@ def default_separator_rule(data_config) -> str:
 
 def get_tokenizer(data_config):
   """The configured tokenizer (a `Tokenizer`); a clear error when it does not exist yet."""
-  if data_config.dataset == ARITHMETIC:
-    return _arithmetic().get_tokenizer(data_config)
+  task = generated.lookup(data_config.dataset)
+  if task is not None:
+    return task.get_tokenizer(data_config)
   path = tokenizer_path(data_config)
   if not os.path.isfile(path):
     if data_config.tokenizer_path:
@@ -91,10 +86,10 @@ def prepare(data_config, *, force: bool = False, max_tokenizer_characters: int =
   on the first `max_tokenizer_characters` of the train split.
   """
   start = time.perf_counter()
-  if data_config.dataset == ARITHMETIC:
-    arithmetic = _arithmetic()
-    if hasattr(arithmetic, 'prepare'):
-      arithmetic.prepare(data_config)
+  task = generated.lookup(data_config.dataset)
+  if task is not None:
+    if task.prepare is not None:
+      task.prepare(data_config)
     return Prepared('', '', time.perf_counter() - start, False, False)
   existed = tfds_builders._prepared_version_dir(tfds_builders.dataset_root(data_config))  # pylint: disable=protected-access
   vdir = tfds_builders.build(data_config, force=force)

@@ -117,7 +117,8 @@ def _config_name(data_config) -> str:
 
 def check_dataset_name(dataset: str) -> None:
   if dataset not in DATASETS:
-    raise ValueError(f'data.dataset={dataset!r} is not one of {DATASETS + ("arithmetic",)}')
+    from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
+    raise ValueError(f'data.dataset={dataset!r} is not one of {DATASETS + generated.names()}')
 
 
 def dataset_root(data_config) -> str:

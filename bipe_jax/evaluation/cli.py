@@ -44,10 +44,11 @@ def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = ''):
   The tokenizer stays the run's own (load_run set data.tokenizer_path to it): another dataset
   is tokenised with the tokenizer the model was trained with, never with its own.
   """
+  from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
   data_config = run.config.data.copy_and_resolve_references()
   with data_config.unlocked():
-    if not data_config.tokenizer_path and data_config.dataset != preparation.ARITHMETIC:
+    if not data_config.tokenizer_path and generated.lookup(data_config.dataset) is None:
       data_config.tokenizer_path = preparation.tokenizer_path(run.config.data)
     if dataset:
       data_config.dataset = dataset

@@ -23,7 +23,6 @@ from bipe_jax import config as model_config_lib
 from bipe_jax import run_tokenizer
 from bipe_jax import model as model_lib
 from bipe_jax.training import checkpointing
-from bipe_jax.training import config_validation
 from bipe_jax.training import mesh as mesh_lib
 from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training import train_state as train_state_lib
@@ -125,10 +124,10 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
   overrides = {'attention_impl': attention_impl}
   if block_size:
     overrides['block_size'] = int(block_size)
-  if not config.model.get('separator_ids'):
-    from bipe_jax import data  # pylint: disable=g-import-not-at-top
-    config_validation.resolve_model_config(config, data.get_tokenizer(config.data))
-  model_config = _model_config(config, overrides)
+  try:  # the separators resolved at training start, as stored in config.json: never re-resolved
+    model_config = _model_config(config, overrides)
+  except ValueError as e:
+    raise RunError(f'{os.path.join(workdir, "config.json")}: {e}') from None
   model = model_lib.Transformer(model_config)
   mesh = mesh or _eval_mesh(config)
   tx = optimizer_lib.make_optimizer(config.train)

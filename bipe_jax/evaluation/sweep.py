@@ -14,6 +14,7 @@ import platform
 from typing import Callable, Sequence
 
 import jax
+import numpy as np
 
 from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.evaluation import runs as runs_lib
@@ -54,6 +55,25 @@ def eval_blocks(data_config, length: int, *, protocol: str = 'blocks', stride: i
                                stride=stride if protocol == 'sliding' else None)
 
 
+def common_targets(mask_NxL: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+  """The target mask of non-overlapping blocks of one length, restricted to the targets that
+  are targets at every length of the sweep.
+
+  Blocks of length L cut the stream (a multiple of the longest length) at multiples of L, and a
+  block's first token has no context inside the block, so it is not scored: each length would
+  score a slightly different set of tokens. Scoring at every length only the stream positions
+  that are a multiple of none of the lengths makes the sets identical (for the usual 1x, 2x, 4x,
+  ... sweep: every position that is not a multiple of the shortest length), so the perplexities
+  of a sweep differ only by the context the model sees.
+  """
+  n, length = mask_NxL.shape
+  position = np.arange(n)[:, None] * length + np.arange(length)[None, :]
+  keep = np.ones_like(mask_NxL, dtype=bool)
+  for other in lengths:
+    keep &= position % int(other) != 0
+  return mask_NxL & keep
+
+
 def evaluate_run(run: runs_lib.Run, lengths: Sequence[int], *, protocol: str = 'blocks',
                  stride: int | None = None, max_tokens: int | None = None,
                  tokens_per_batch: int = 16384, data_config=None,
@@ -68,10 +88,15 @@ def evaluate_run(run: runs_lib.Run, lengths: Sequence[int], *, protocol: str = '
   data_config = data_config if data_config is not None else run.config.data
   apply_fn = run.apply_fn()
   results = []
+  if protocol == 'blocks':  # one stream, a multiple of the longest length, for every length
+    longest, _ = eval_blocks(data_config, max(lengths), max_tokens=max_tokens)
+    max_tokens = longest.size
   with run.context():
     for length in lengths:
       tokens, mask = eval_blocks(data_config, length, protocol=protocol, stride=stride,
                                  max_tokens=max_tokens)
+      if protocol == 'blocks':
+        mask = common_targets(mask, lengths)
       progress = progress_factory(length, tokens.shape[0]) if progress_factory else None
       result = ppl.score_blocks(apply_fn, run.params, tokens, mask,
                                 batch_size=max(1, tokens_per_batch // length), mesh=run.mesh,

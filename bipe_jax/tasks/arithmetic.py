@@ -35,6 +35,8 @@ from typing import Iterable, Sequence
 import grain
 import numpy as np
 
+from bipe_jax.data import generated
+from bipe_jax.data import tokenizer as tokenizer_lib
 from bipe_jax.tasks import modular_expressions as expressions
 
 # Vocabulary: specials first (ids 0..2 agree with configs/base.py: unk 0, bos 1, eos 2).
@@ -124,13 +126,12 @@ class ArithmeticTokenizer:
     return out
 
   def separator_ids(self, rule='auto') -> tuple[int, ...]:
-    """The step separator '=' for every named rule ('auto', 'newline', 'official': this task
-    has one separator); an explicit id list is checked and returned sorted."""
+    """The step separator '=' for every named rule ('auto', 'sentence', 'newline', 'official':
+    this task has one separator); an explicit id list is checked and returned sorted."""
     if isinstance(rule, str):
-      if rule in ('auto', 'newline', 'official'):
+      if rule in tokenizer_lib.SEPARATOR_RULES:
         return (self.separator_id,)
-      raise ValueError(f"separator rule {rule!r}: expected 'auto', 'newline', 'official' or a "
-                       'list of ids')
+      raise ValueError(f'separator rule {rule!r}: expected one of {tokenizer_lib.SEPARATOR_RULES} or a list of ids')
     ids = tuple(sorted({int(i) for i in rule}))
     bad = [i for i in ids if not 0 <= i < self.vocab_size]
     if bad:
@@ -301,3 +302,9 @@ def make_eval_blocks(data_config, length: int, split: str = 'validation',
   settings = settings_from_config(data_config)
   stream = eval_stream(settings, split, int(max_tokens or 65536))
   return pipeline.cut_blocks(stream, length, stride, what=f'the arithmetic {split!r} stream')
+
+
+DATASET_NAME = 'arithmetic'
+generated.register(DATASET_NAME, generated.GeneratedDataset(
+    get_tokenizer=get_tokenizer, make_train_iterator=make_train_iterator,
+    make_eval_blocks=make_eval_blocks))

@@ -1,0 +1,48 @@
+"""Registry of generated datasets: data made by a task's code, not read from files.
+
+A task (e.g. `bipe_jax.tasks.arithmetic`) registers its hooks under a dataset name when it is
+imported; the data layer looks the name up and never imports a task itself. `bipe_jax` imports
+its tasks, so every registered name is known to any user of the package.
+
+Hooks of a `GeneratedDataset`:
+  get_tokenizer(data_config) -> tokenizer (encode, decode, vocab_size, bos_id, eos_id,
+                                separator_ids(rule))
+  make_train_iterator(data_config, batch_size_per_process, process_index, process_count)
+                             -> iterator of {'tokens': int32 [b, seq_len], ...}
+  make_eval_blocks(data_config, length, split=, max_tokens=, stride=)
+                             -> (tokens [N, length] int32, target_mask [N, length] bool)
+  prepare(data_config)       -> None (optional: build whatever the dataset needs)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedDataset:
+  get_tokenizer: Callable
+  make_train_iterator: Callable
+  make_eval_blocks: Callable
+  prepare: Callable | None = None
+
+
+_REGISTRY: dict[str, GeneratedDataset] = {}
+
+
+def register(name: str, dataset: GeneratedDataset) -> None:
+  """Registers `dataset` as `data.dataset=name`; registering a name twice with other hooks is an
+  error (two tasks cannot share a name)."""
+  if name in _REGISTRY and _REGISTRY[name] != dataset:
+    raise ValueError(f'generated dataset {name!r} is already registered')
+  _REGISTRY[name] = dataset
+
+
+def lookup(name: str) -> GeneratedDataset | None:
+  """The hooks of a generated dataset, or None for a dataset read from files."""
+  return _REGISTRY.get(name)
+
+
+def names() -> tuple[str, ...]:
+  return tuple(sorted(_REGISTRY))

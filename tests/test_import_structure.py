@@ -1,0 +1,104 @@
+"""The library's modules import each other without circles (function-local imports included),
+and the data layer never imports a task: generated datasets are found through their registry."""
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bipe_jax')
+
+
+def _modules() -> dict[str, str]:
+  mods = {}
+  for folder, _, files in os.walk(ROOT):
+    for name in files:
+      if name.endswith('.py'):
+        path = os.path.join(folder, name)
+        module = os.path.relpath(path[:-3], os.path.dirname(ROOT)).replace(os.sep, '.')
+        mods[module.removesuffix('.__init__')] = path
+  return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+  """module -> the bipe_jax modules it imports anywhere in its file (top level or in a function)."""
+  mods = _modules()
+  graph = {}
+  for module, path in mods.items():
+    targets = set()
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        targets.update(alias.name for alias in node.names)
+      elif isinstance(node, ast.ImportFrom) and node.module:
+        for alias in node.names:
+          full = f'{node.module}.{alias.name}'
+          targets.add(full if full in mods else node.module)
+    graph[module] = {t for t in targets if t in mods and t != module}
+  return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """Strongly connected components with more than one module (Tarjan)."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return found
+
+
+def test_the_circle_finder_finds_a_circle():
+  assert circles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [['a', 'b', 'c']]
+  assert circles({'a': {'b'}, 'b': set()}) == []
+
+
+def test_no_import_circles_in_the_library():
+  graph = import_graph()
+  assert 'bipe_jax.model' in graph['bipe_jax.training.trainer']  # the graph sees real imports
+  assert circles(graph) == []
+
+
+def test_the_data_layer_imports_no_task():
+  graph = import_graph()
+  offenders = {m: sorted(t for t in targets if t.startswith('bipe_jax.tasks'))
+               for m, targets in graph.items() if m.startswith('bipe_jax.data')}
+  assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_config_does_not_import_the_model():
+  assert 'bipe_jax.model' not in import_graph()['bipe_jax.config']
+
+
+def test_the_arithmetic_dataset_is_registered_and_unknown_names_are_clear():
+  from bipe_jax.data import generated
+  from bipe_jax.data import tfds_builders
+  import bipe_jax  # pylint: disable=unused-import  (registers the tasks)
+  assert 'arithmetic' in generated.names()
+  assert generated.lookup('embedded') is None
+  with pytest.raises(ValueError, match=r"data.dataset='nope' is not one of .*'arithmetic'"):
+    tfds_builders.check_dataset_name('nope')
+  with pytest.raises(ValueError, match='already registered'):
+    generated.register('arithmetic', generated.GeneratedDataset(len, len, len))
