@@ -10,14 +10,14 @@ TEST_STAMP := $(VENV)/.test-installed
 # What the library, training and the demo need (requirements.txt only).
 $(CORE_STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip==25.3
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -qq --upgrade pip==25.3
+	$(PY) -m pip install -qq -r requirements.txt
+	$(PY) -m pip install -qq --no-deps --no-build-isolation -e .
 	touch $(CORE_STAMP)
 
 # The tests also compare against PyTorch / Hugging Face models (requirements-interop.txt).
 $(TEST_STAMP): $(CORE_STAMP) requirements-interop.txt
-	$(PY) -m pip install -q -r requirements-interop.txt
+	$(PY) -m pip install -qq -r requirements-interop.txt
 	touch $(TEST_STAMP)
 
 setup: $(TEST_STAMP)

@@ -9,6 +9,12 @@ made the same way:
   * the statistic reported is the median of the repeats, and ratios are ratios of
     medians measured in the same run.
 
+Timing is only meaningful on a quiet machine: PyTorch and XLA degrade differently under load,
+so a ratio taken at load 10 says nothing about load 1. The 1-minute load average is recorded
+when this module is imported (the benchmark's start) and when the result is reported; a result
+taken above `MAX_LOAD` before the start (or, at the end, above MAX_LOAD + the cores the
+benchmark itself keeps busy) is printed marked DISTURBED and not written to `--out`.
+
 Nothing here imports jax or torch at module level, so a subprocess that measures peak
 resident memory starts from a clean slate.
 """
@@ -27,6 +33,39 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_LOAD = float(os.environ.get('BENCHMARK_MAX_LOAD', '2.0'))
+
+
+def load_average() -> float:
+  """The 1-minute load average (0 where the platform has none)."""
+  try:
+    return float(os.getloadavg()[0])
+  except (AttributeError, OSError):
+    return 0.0
+
+
+LOAD_AT_START = load_average()
+
+
+def usable_cores() -> int:
+  return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+
+
+def disturbance(load_before: float, load_after: float, *, max_load: float = MAX_LOAD,
+                own_cores: int | None = None) -> str:
+  """'' for a quiet run, else why the timings are not to be trusted.
+
+  Before the start the machine must be below `max_load`; at the end the benchmark's own threads
+  (up to `own_cores`, default all usable cores) count in the load, so the bound is
+  max_load + own_cores.
+  """
+  own = usable_cores() if own_cores is None else own_cores
+  reasons = []
+  if load_before > max_load:
+    reasons.append(f'load {load_before:.2f} > {max_load:g} at the start')
+  if load_after > max_load + own:
+    reasons.append(f'load {load_after:.2f} > {max_load:g} + {own} own cores at the end')
+  return '; '.join(reasons)
 
 
 def block(tree: Any) -> Any:
@@ -157,8 +196,7 @@ def machine_info() -> dict[str, Any]:
   info = {
       'date': datetime.date.today().isoformat(),
       'cpu': cpu_model(),
-      'cores': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
-               else os.cpu_count(),
+      'cores': usable_cores(),
       'memory_gib': round(total_memory_bytes() / 2**30, 1),
       'python': platform.python_version(),
   }
@@ -187,21 +225,33 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 def report(title: str, table: str, notes: Sequence[str] = (), *,
            out: str | None = None, data: Any = None) -> str:
-  """Prints a titled result block (machine line, table, notes); optionally saves it.
+  """Prints a titled result block (machine line, load, table, notes); optionally saves it.
 
   `out`: a path prefix; writes `<out>.md` (the block) and, when `data` is given,
-  `<out>.json` (the raw numbers).
+  `<out>.json` (the raw numbers) -- unless the run was disturbed (see `disturbance`): then the
+  block is printed with a DISTURBED mark and nothing is written.
   """
-  text = '\n'.join([f'### {title}', '', f'Measured {machine_line()}.', '', table, '']
+  load_after = load_average()
+  disturbed = disturbance(LOAD_AT_START, load_after)
+  load_line = (f'Load average (1 min): {LOAD_AT_START:.2f} at the start, {load_after:.2f} at the '
+               f'end, on {usable_cores()} cores.')
+  if disturbed:
+    title = f'DISTURBED ({disturbed}): {title}'
+  text = '\n'.join([f'### {title}', '', f'Measured {machine_line()}.', load_line, '', table, '']
                    + [f'- {n}' for n in notes])
   print(text, flush=True)
+  if out and disturbed:
+    print(f'not written to {out}.md: the machine was not quiet ({disturbed}); measure again '
+          f'at load < {MAX_LOAD:g}', file=sys.stderr, flush=True)
+    return text
   if out:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out + '.md', 'w') as f:
       f.write(text + '\n')
     if data is not None:
       with open(out + '.json', 'w') as f:
-        json.dump({'machine': machine_info(), 'data': data}, f, indent=1, default=str)
+        json.dump({'machine': machine_info(), 'load_average': [LOAD_AT_START, load_after],
+                   'data': data}, f, indent=1, default=str)
   return text
 
 

@@ -31,10 +31,13 @@ def main(argv=None) -> None:
   p.add_argument('--preset', default='tiny')
   p.add_argument('--encodings', default='all', help="comma list or 'all'")
   p.add_argument('--attention_impl', default='', help="'' = the preset's")
+  p.add_argument('--cpu_devices', type=int, default=2,
+                 help='single-threaded CPU devices the steps run data-parallel on')
   p.add_argument('--warmup', type=int, default=2)
   p.add_argument('--repeats', type=int, default=10)
   p.add_argument('--out', default=None)
   args = p.parse_args(argv)
+  devices = jax_step.use_cpu_devices(args.cpu_devices)
   from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
   names = (list(schemes.SCHEME_NAMES) if args.encodings == 'all'
            else args.encodings.split(','))
@@ -49,7 +52,8 @@ def main(argv=None) -> None:
     overrides['model.attention_impl'] = args.attention_impl
   steps, fns = {}, {}
   for n in names:
-    s = jax_step.make_project_step(args.preset, {**overrides, 'model.position_encoding': n})
+    s = jax_step.make_project_step(args.preset, {**overrides, 'model.position_encoding': n},
+                                   devices=devices)
     s.step()
     steps[n] = s
     fns[n] = s.step

@@ -65,23 +65,23 @@ class ProjectStep:
 
 
 def make_project_step(preset: str = 'tiny', overrides: Mapping[str, Any] | None = None,
-                      *, seed: int = 0, variants=()) -> ProjectStep:
-  """The project's jitted training step for `preset` + `overrides` on one CPU device.
-
-  `variants`: names from benchmarks/variants.py patched in while the step is built and
-  compiled (the first step runs here, under the patches).
-  """
-  from benchmarks import variants as variants_lib  # pylint: disable=g-import-not-at-top
-  with variants_lib.patched(variants):
-    s = _make_project_step(preset, overrides, seed=seed)
-    s.step()
-    if variants:  # the HLO must be lowered while the patches are active
-      text = s.hlo_text()
-      s.hlo_text = lambda: text
+                      *, seed: int = 0, devices: int = 1) -> ProjectStep:
+  """The project's jitted training step for `preset` + `overrides`, data-parallel over the
+  first `devices` JAX devices (on a CPU host: see `use_cpu_devices`); the first step runs here
+  (compilation)."""
+  s = _make_project_step(preset, overrides, seed=seed, devices=devices)
+  s.step()
   return s
 
 
-def _make_project_step(preset, overrides, *, seed):
+def use_cpu_devices(count: int) -> int:
+  """Splits this CPU host into `count` single-threaded JAX devices, as `train/main.py
+  --cpu_devices` does (bipe_jax.training.cpu_devices); call before JAX starts."""
+  from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
+  return cpu_devices.use_cpu_devices(count)
+
+
+def _make_project_step(preset, overrides, *, seed, devices=1):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bipe_jax import config as config_lib  # pylint: disable=g-import-not-at-top
@@ -97,7 +97,11 @@ def _make_project_step(preset, overrides, *, seed):
   model = model_lib.Transformer(mc)
   tx = opt_lib.make_optimizer(config.train)
   schedule = opt_lib.learning_rate_schedule(config.train)
-  mesh = mesh_lib.make_mesh(config.mesh, devices=jax.devices()[:1])
+  if not 1 <= devices <= len(jax.devices()):
+    raise ValueError(f'devices={devices}: this host has {len(jax.devices())} JAX devices '
+                     '(on CPU: use_cpu_devices(n) before JAX starts)')
+  config.mesh.data = devices
+  mesh = mesh_lib.make_mesh(config.mesh, devices=jax.devices()[:devices])
   seq_len, batch = int(config.data.seq_len), int(config.train.batch_size)
   state, shardings = state_lib.create_train_state(model, tx, mesh, seq_len, seed)
   with state_lib.mesh_context(mesh):

@@ -72,8 +72,6 @@ def main(argv=None) -> None:
   p.add_argument('--preset', default='tiny')
   p.add_argument('--encoding', default='rope')
   p.add_argument('--attention_impl', default='')
-  p.add_argument('--prototype', default='',
-                 help="profile benchmarks/proto_llama.py instead, e.g. 'bhqd,full'")
   p.add_argument('--steps', type=int, default=3)
   p.add_argument('--top', type=int, default=25)
   p.add_argument('--out', default=None)
@@ -85,18 +83,6 @@ def main(argv=None) -> None:
   s = jax_step.make_project_step(args.preset, ov)
   title = f'{args.encoding}, {s.config.model.attention_impl} attention'
   step_fn, hlo_fn = s.step, s.hlo_text
-  if args.prototype:
-    from benchmarks import proto_llama  # pylint: disable=g-import-not-at-top
-    from benchmarks.hf_llama_step import Shape  # pylint: disable=g-import-not-at-top
-    cfg = s.config
-    shape = Shape(layers=cfg.model.num_layers, width=cfg.model.hidden_size,
-                  heads=cfg.model.num_heads, ffn=cfg.model.ffn_size,
-                  vocab=cfg.model.vocab_size, batch=cfg.train.batch_size,
-                  seq=cfg.data.seq_len)
-    layout, loss = args.prototype.split(',')
-    step_fn = proto_llama.make_train_step(shape, proto_llama.Variant(layout, loss))
-    hlo_fn = step_fn.hlo_text
-    title = f'benchmark prototype {layout}, {loss} loss'
   for _ in range(2):
     common.block(step_fn())
   index = hlo_index(hlo_fn())

@@ -1,17 +1,19 @@
 """Against what a user would pick instead: our `rope` model vs Hugging Face Llama in PyTorch.
 
-Run:  .venv/bin/python benchmarks/vs_pytorch.py [--repeats 15] [--prototypes]
+Run:  .venv/bin/python benchmarks/vs_pytorch.py [--repeats 15] [--cpu_devices 2]
+      [--width 512 --heads 8 --ffn 2048 --batch 16]
       (needs the interop extras: .venv/bin/pip install -r requirements-interop.txt)
 
 Both sides train the same architecture at the same shape (default: the tiny preset,
 4 layers, width 128, 4 heads, FFN 512, vocab 4096, batch 32 x 128): forward, next-token
 loss, backward, global-norm clipping and AdamW. Ours is the project's own training step
 (bipe_jax.training, via benchmarks/jax_step.py) with model.position_encoding='rope', once
-per attention implementation; PyTorch is LlamaForCausalLM (SDPA attention, 2 threads).
+per attention implementation, data-parallel over `--cpu_devices` single-threaded CPU devices
+(default 2, as `train/main.py --cpu_devices=2`; 1 = JAX's default single multi-threaded
+device); PyTorch is LlamaForCausalLM (SDPA attention, 2 threads), the same global batch.
 All are timed interleaved in one process; the speed-up column is the median over rounds
 of step(PyTorch) / step(ours) measured in the same round (> 1: ours is faster).
-`--variants` adds our step with the proposed changes of benchmarks/variants.py patched
-in; `--prototypes` adds the benchmark-only pure-JAX steps of benchmarks/proto_llama.py.
+Results are only written (--out) when the machine was quiet (benchmarks/common.py).
 """
 
 from __future__ import annotations
@@ -37,26 +39,15 @@ def shape_overrides(shape: Shape) -> dict:
           'data.seq_len': shape.seq, 'model.position_encoding': 'rope'}
 
 
-def build_candidates(shape: Shape, *, impls=('dense', 'blockwise'), prototypes=False,
-                     variants=False, threads=2) -> dict:
+def build_candidates(shape: Shape, *, impls=('dense', 'blockwise'), devices=1,
+                     threads=2) -> dict:
   """name -> step fn."""
   cands = {}
   for impl in impls:
     ov = {**shape_overrides(shape), 'model.attention_impl': impl,
           'model.block_size': min(shape.seq, 128)}
-    cands[f'ours: bipe_jax rope ({impl} attention)'] = jax_step.make_project_step('tiny', ov).step
-    if variants:
-      for vs in (('flat_projections', 'roll_loss'),
-                 ('flat_projections', 'roll_loss', 'fast_attention')):
-        if 'fast_attention' in vs and impl != 'dense':
-          continue
-        cands[f'ours + {" + ".join(vs)} ({impl})'] = jax_step.make_project_step(
-            'tiny', ov, variants=vs).step
-  if prototypes:
-    from benchmarks import proto_llama  # pylint: disable=g-import-not-at-top
-    for v in (proto_llama.Variant(), proto_llama.Variant(loss='chunked')):
-      cands[f'prototype pure-JAX ({v.attn_layout}, {v.loss} loss)'] = (
-          proto_llama.make_train_step(shape, v))
+    name = f'ours: bipe_jax rope ({impl} attention, {devices} CPU device{"s" * (devices > 1)})'
+    cands[name] = jax_step.make_project_step('tiny', ov, devices=devices).step
   cands[HF] = make_hf_step(shape, threads=threads)[0]
   return cands
 
@@ -66,16 +57,16 @@ def main(argv=None) -> None:
   for f in dataclasses.fields(Shape):
     p.add_argument(f'--{f.name}', type=int, default=f.default)
   p.add_argument('--impls', default='dense,blockwise')
-  p.add_argument('--prototypes', action='store_true')
-  p.add_argument('--variants', action='store_true',
-                 help='add our step with the changes of benchmarks/variants.py patched in')
+  p.add_argument('--cpu_devices', type=int, default=2,
+                 help='single-threaded CPU devices our step runs data-parallel on (1 = JAX '
+                 'default: one device using every core)')
   p.add_argument('--warmup', type=int, default=2)
   p.add_argument('--repeats', type=int, default=15)
   p.add_argument('--out', default=None)
   args = p.parse_args(argv)
   shape = Shape(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Shape)})
-  fns = build_candidates(shape, impls=tuple(args.impls.split(',')), prototypes=args.prototypes,
-                         variants=args.variants)
+  jax_step.use_cpu_devices(args.cpu_devices)
+  fns = build_candidates(shape, impls=tuple(args.impls.split(',')), devices=args.cpu_devices)
   cpu = {}
   times = common.interleaved(fns, warmup=args.warmup, repeats=args.repeats, cpu_out=cpu)
   rows, data = [], []
@@ -92,9 +83,9 @@ def main(argv=None) -> None:
        'CPU time (ms)'], rows)
   common.report(f'Ours vs PyTorch: {shape.describe()}', table,
                 [f'{args.repeats} interleaved rounds; speed-up = median of per-round '
-                 'step(PyTorch) / step(candidate)', f'load average at the end: '
-                 f'{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (PyTorch suffers far more '
-                 'than XLA when the machine is oversubscribed: compare at load < 2)'],
+                 'step(PyTorch) / step(candidate)',
+                 f'our step: data-parallel over {args.cpu_devices} single-threaded CPU '
+                 'device(s); PyTorch: 2 intra-op threads'],
                 out=args.out, data=data)
 
 

@@ -10,9 +10,11 @@ Three implementations share one contract:
                        blocks; blocks entirely above the causal diagonal are skipped
                        (`lax.cond`); biases / transforms are evaluated per block from position
                        slices, so no [T, T] array is ever built. Forward memory is linear in T.
-  cudnn_attention      `jax.nn.dot_product_attention(implementation='cudnn')` for schemes with
-                       no bias and no transform (the RoPE family), GPU only; a thin check on
-                       top of `fused_attention` (any implementation, tested with 'xla').
+  fused_attention      `jax.nn.dot_product_attention` (XLA on CPU, cuDNN on GPU where it
+                       applies) for schemes with no transform and no bias but an optional
+                       per-key bias [B, H, 1, K]: the RoPE family, and the ALiBi family through
+                       `alibi.alibi_key_bias` (see there for when that identity holds).
+  cudnn_attention      the same, forced to `implementation='cudnn'` (GPU only).
 
 Positions. `q_pos` [B, Q] / `k_pos` [B, K] are the CAUSAL indices (the index of the token in its
 row, or the cache slot while decoding): key k is visible to query q iff k_pos <= q_pos. The
@@ -53,7 +55,8 @@ BiasFn = Callable[[Any, Any], jax.Array]
 TransformFn = Callable[..., jax.Array]
 MaskFn = Callable[[Any, Any], jax.Array]
 
-ATTENTION_IMPLS = ('dense', 'blockwise', 'cudnn')
+ATTENTION_IMPLS = ('dense', 'blockwise', 'cudnn', 'fused')
+FUSED_IMPLS = ('cudnn', 'fused')  # jax.nn.dot_product_attention: no bias_fn / transform
 
 
 def _check_shapes(q, k, v, q_pos, k_pos):
@@ -327,62 +330,71 @@ def fused_attention(q_BxHxQxDh: jax.Array,
                     causal: bool = True,
                     scale: Optional[float] = None,
                     plain_causal: bool = False,
+                    key_bias_BxHx1xK: Optional[jax.Array] = None,
                     implementation: Optional[str] = None) -> jax.Array:
-  """`jax.nn.dot_product_attention` in our layout and mask conventions (no bias / transform).
+  """`jax.nn.dot_product_attention` in our layout and mask conventions (no bias_fn /
+  transform; an optional per-key bias [B or 1, H, 1, K] added to every query's logits).
 
   `plain_causal=True` is the caller's promise that q_pos = k_pos = 0..T-1 in every row (the
   model's training forward): then, when no padding / document mask applies, the fused kernel
   gets `is_causal=True` and no [Q, K] mask is built. Otherwise an explicit boolean mask is built
-  from the positions. `implementation`: None | 'xla' | 'cudnn'.
+  from the positions. `implementation`: None (XLA on CPU, cuDNN on GPU where it applies) |
+  'xla' | 'cudnn'.
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
   _check_shapes(q, k, v, q_pos, k_pos)
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   to_bthd = lambda x: jnp.swapaxes(x, 1, 2)
+  bias = None if key_bias_BxHx1xK is None else key_bias_BxHx1xK.astype(q.dtype)
   plain = (plain_causal and causal and k_valid is None and q_document is None and
            q.shape[2] == k.shape[2])
   if plain:
-    out = jax.nn.dot_product_attention(to_bthd(q), to_bthd(k), to_bthd(v), scale=scale,
-                                       is_causal=True, implementation=implementation)
+    out = jax.nn.dot_product_attention(to_bthd(q), to_bthd(k), to_bthd(v), bias=bias,
+                                       scale=scale, is_causal=True,
+                                       implementation=implementation)
   else:
     vis = _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, None, None, None)
-    out = jax.nn.dot_product_attention(to_bthd(q), to_bthd(k), to_bthd(v), mask=vis,
+    out = jax.nn.dot_product_attention(to_bthd(q), to_bthd(k), to_bthd(v), bias=bias, mask=vis,
                                        scale=scale, implementation=implementation)
   return jnp.swapaxes(out, 1, 2)
 
 
-def cudnn_attention(q_BxHxQxDh: jax.Array,
-                    k_BxGxKxDh: jax.Array,
-                    v_BxGxKxDh: jax.Array,
-                    *,
-                    bias_fn: Optional[BiasFn] = None,
-                    transform_fn: Optional[TransformFn] = None,
-                    q_streams: Any = None,
-                    k_streams: Any = None,
-                    mask_fn: Optional[MaskFn] = None,
-                    **kwargs) -> jax.Array:
-  """cuDNN fused attention (GPU only) for schemes without bias or transform (RoPE family).
+def _fused_impl(impl: str, implementation: Optional[str]) -> Callable[..., jax.Array]:
+  """attention_impl=`impl` ('fused' | 'cudnn'): `fused_attention` with `implementation`, after
+  checking that no bias_fn, score transform or mask_fn is asked for (ValueError otherwise) and,
+  for cuDNN, that the backend is a GPU."""
 
-  `fused_attention(..., implementation='cudnn')` after checking that no bias, transform or
-  mask_fn is asked for and that the backend is a GPU (ValueError otherwise).
-  """
-  del q_streams, k_streams
-  if bias_fn is not None or transform_fn is not None or mask_fn is not None:
-    raise ValueError("attention_impl='cudnn' supports only encodings without an attention bias "
-                     "or score transform (nope, sinusoidal, learned, rope, bipe_rope); use "
-                     "'blockwise' or 'dense' for this encoding.")
-  backend = jax.default_backend()
-  if backend != 'gpu':
-    raise ValueError(f"attention_impl='cudnn' needs a CUDA GPU, but the JAX backend is "
-                     f"'{backend}'; use attention_impl='blockwise' or 'dense'.")
-  kwargs.pop('k_in_range', None)
-  return fused_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, implementation='cudnn', **kwargs)
+  def attend(q_BxHxQxDh: jax.Array, k_BxGxKxDh: jax.Array, v_BxGxKxDh: jax.Array, *,
+             bias_fn: Optional[BiasFn] = None, transform_fn: Optional[TransformFn] = None,
+             q_streams: Any = None, k_streams: Any = None, mask_fn: Optional[MaskFn] = None,
+             **kwargs) -> jax.Array:
+    del q_streams, k_streams
+    if bias_fn is not None or transform_fn is not None or mask_fn is not None:
+      raise ValueError(f"attention_impl={impl!r} supports no bias_fn, score transform or "
+                       "mask_fn (encodings without bias, and the ALiBi family through a per-key "
+                       "bias); use 'blockwise' or 'dense' for this encoding.")
+    backend = jax.default_backend()
+    if implementation == 'cudnn' and backend != 'gpu':
+      raise ValueError(f"attention_impl='cudnn' needs a CUDA GPU, but the JAX backend is "
+                       f"'{backend}'; use attention_impl='fused', 'blockwise' or 'dense'.")
+    kwargs.pop('k_in_range', None)
+    return fused_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, implementation=implementation,
+                           **kwargs)
+
+  attend.__name__ = f'{impl}_attention'
+  return attend
+
+
+# attention_impl='fused': JAX's choice of implementation (XLA on CPU and TPU, cuDNN on GPU
+# where it applies); 'cudnn': forced cuDNN, GPU only.
+xla_fused_attention = _fused_impl('fused', None)
+cudnn_attention = _fused_impl('cudnn', 'cudnn')
 
 
 def attention_fn(impl: str) -> Callable[..., jax.Array]:
-  """The attention function for `model.attention_impl` ('dense' | 'blockwise' | 'cudnn')."""
+  """The attention function for `model.attention_impl` (see ATTENTION_IMPLS)."""
   impls = {'dense': dense_attention, 'blockwise': blockwise_attention,
-           'cudnn': cudnn_attention}
+           'cudnn': cudnn_attention, 'fused': xla_fused_attention}
   if impl not in impls:
     raise ValueError(f'attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}.')
   return impls[impl]

@@ -153,10 +153,17 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True) 
   if cfg.attention_impl not in attention.ATTENTION_IMPLS:
     raise _err('attention_impl', cfg.attention_impl,
                f'must be one of {attention.ATTENTION_IMPLS}')
-  if cfg.attention_impl == 'cudnn' and cfg.scheme.has_bias_or_transform:
-    raise _err('attention_impl', 'cudnn',
-               f'supports only encodings without bias or transform, not '
-               f'{cfg.position_encoding!r}; use blockwise or dense')
+  if cfg.attention_impl in attention.FUSED_IMPLS:
+    fusable = cfg.scheme.transform == 'none' and cfg.scheme.bias in ('none', 'alibi')
+    if not fusable:
+      raise _err('attention_impl', cfg.attention_impl,
+                 f'supports only encodings without bias or transform, and the ALiBi family, '
+                 f'not {cfg.position_encoding!r}; use blockwise or dense')
+    if cfg.scheme.bias == 'alibi' and cfg.restart_at_documents and not cfg.mask_across_documents:
+      raise _err('attention_impl', cfg.attention_impl,
+                 f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
+                 'that never decrease between visible tokens: with restart_at_documents, set '
+                 'mask_across_documents=True (or use blockwise)')
   if cfg.dtype not in DTYPES:
     raise _err('dtype', cfg.dtype, f'must be one of {DTYPES}')
   if cfg.dapev2_kernel % 2 != 1:

@@ -6,7 +6,8 @@ segment, whether the last token was a separator), so a token generated after a s
 new segment exactly as it would in a full forward pass over the whole sequence.
 
 Flow: `init_cache` builds an empty cache for [B, max_len] tokens; `prefill` runs the prompt
-[B, P] through the model in one call (filling P cache slots); `decode_step` feeds one token [B, 1]
+[B, P] through the model in one call (filling P cache slots; prompts of different lengths are
+left-padded by `left_pad`, and the padding takes no position and is seen by no query); `decode_step` feeds one token [B, 1]
 per call (jit-compiled once, reused for every position); `generate` ties them together and runs the
 token loop inside `jax.lax.scan` (one compiled program for the whole continuation).
 
@@ -24,6 +25,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NEG_INF = -1e30  # finite, so that a row never becomes NaN
 
@@ -116,16 +118,44 @@ def init_cache(model, batch_size: int, max_len: int) -> Any:
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def _apply(model, params, cache, tokens_BxT):
-  logits, mutated = model.apply({'params': params, 'cache': cache}, tokens_BxT, decode=True,
-                                mutable=['cache'])
+def _apply(model, params, cache, tokens_BxT, valid_BxT=None):
+  logits, mutated = model.apply({'params': params, 'cache': cache}, tokens_BxT,
+                                valid_BxT=valid_BxT, decode=True, mutable=['cache'])
   return logits, mutated['cache']
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def prefill(model, params, cache, prompt_BxP: jax.Array):
-  """Runs the prompt through the cache in one call; returns (logits [B, P, V], cache)."""
-  return _apply(model, params, cache, prompt_BxP)
+def prefill(model, params, cache, prompt_BxP: jax.Array, valid_BxP: Optional[jax.Array] = None):
+  """Runs the prompt through the cache in one call; returns (logits [B, P, V], cache).
+
+  valid_BxP: bool [B, P], False at (left) padding; None = every token is real.
+  """
+  return _apply(model, params, cache, prompt_BxP, valid_BxP)
+
+
+def left_pad(prompts, pad_value: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Prompts of different lengths -> (tokens int32 [B, P], valid bool [B, P]), right-aligned.
+
+  P is the longest prompt; shorter rows start with `pad_value` (any id: the mask, not the id,
+  makes it padding). Every prompt needs at least one token.
+  """
+  rows = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
+  if not rows or min(len(r) for r in rows) < 1:
+    raise ValueError('left_pad needs at least one prompt, each with at least one token')
+  width = max(len(r) for r in rows)
+  tokens = np.full((len(rows), width), pad_value, np.int32)
+  valid = np.zeros((len(rows), width), bool)
+  for i, r in enumerate(rows):
+    tokens[i, width - len(r):] = r
+    valid[i, width - len(r):] = True
+  return tokens, valid
+
+
+def _check_left_padding(valid_BxP) -> None:
+  valid = np.asarray(valid_BxP, bool)
+  if not valid[:, -1].all() or (np.diff(valid.astype(np.int8), axis=1) < 0).any():
+    raise ValueError('prompt_valid must be left padding: per row, False (padding) then True '
+                     '(tokens), ending with a token; use generation.left_pad(prompts)')
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -156,13 +186,16 @@ def _continue(model, params, cache, last_logits_BxV, num_tokens: int, top_k: int
 def generate(model, params, prompt_BxP, *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(temperature=0.0),
              rng: Optional[jax.Array] = None, eos_id: Optional[int] = None,
-             return_logits: bool = False):
+             return_logits: bool = False, prompt_valid_BxP=None):
   """Continues every prompt row by `max_new_tokens` tokens with the KV cache.
 
   Args:
     model: a `bipe_jax.model.Transformer` (any position encoding).
     params: its parameters (the tree under `params`).
-    prompt_BxP: int32 [B, P], P >= 1; all rows the same length (no left padding).
+    prompt_BxP: int32 [B, P], P >= 1.
+    prompt_valid_BxP: optional bool [B, P] for prompts of different lengths (see `left_pad`):
+      False at the left padding, which takes no position and is attended by no query, so each
+      row continues exactly as it would alone.
     max_new_tokens: N >= 1 tokens to generate.
     sampling: greedy by default.
     rng: PRNG key (needed unless greedy).
@@ -182,9 +215,15 @@ def generate(model, params, prompt_BxP, *, max_new_tokens: int,
     raise ValueError('sampling with temperature > 0 needs an rng key')
   rng = jax.random.PRNGKey(0) if rng is None else rng
   batch, prompt_len = prompt.shape
+  if prompt_valid_BxP is not None:
+    if np.shape(prompt_valid_BxP) != prompt.shape:
+      raise ValueError(f'prompt_valid shape {np.shape(prompt_valid_BxP)} != prompt shape '
+                       f'{prompt.shape}')
+    _check_left_padding(prompt_valid_BxP)
+    prompt_valid_BxP = jnp.asarray(prompt_valid_BxP, bool)
   # The last generated token is never fed back, so P + N - 1 slots suffice; keep P + N.
   cache = init_cache(model, batch, prompt_len + max_new_tokens)
-  logits, cache = prefill(model, params, cache, prompt)
+  logits, cache = prefill(model, params, cache, prompt, prompt_valid_BxP)
   tokens, step_logits = _continue(model, params, cache, logits[:, -1], max_new_tokens,
                                   sampling.top_k, jnp.float32(sampling.temperature),
                                   jnp.float32(sampling.top_p), rng)

@@ -26,6 +26,9 @@ call (O(max_len) integer work, negligible next to attention), which makes the po
 new token continue the prompt exactly as in a full forward pass (a token after a separator
 starts a new segment; padding is invisible). Passing `positions` with decode=True stores the
 given streams for the chunk instead.
+Padding without a pad id: `valid_BxT` (bool [B, T], False = padding) marks tokens that take no
+position and that no query sees, in a full forward pass and in decode (where the cache keeps
+the mask of every slot): a batch of prompts of different lengths is left-padded with any id.
 The caller keeps the total number of decoded tokens <= max_len (the fill index is traced, so an
 overflow cannot be detected inside jit; writes past the end would be clamped).
 DAPE V2 note: a convolution over keys with 'same' padding sees the sequence end; in decode the
@@ -150,6 +153,7 @@ class Attention(nn.Module):
   """Multi-head / grouped-query self-attention with the scheme's rotary, bias and transform."""
   config: ModelConfig
   decode: bool = False
+  mask_keys: bool = False  # mask invalid keys (Side.valid) even without a pad_id
 
   def _bias_fn(self) -> Optional[Callable]:
     cfg, s = self.config, self.config.scheme
@@ -217,23 +221,25 @@ class Attention(nn.Module):
         cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, at)
         k, v = cached_k.value, cached_v.value
 
-    bias_fn = self._bias_fn()
-    transform_fn, halo = self._transform_fn()
     impl = cfg.attention_impl
-    if self.decode and impl == 'cudnn':
+    if self.decode and impl in attention_lib.FUSED_IMPLS:
       impl = 'dense'
-    kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, bias_fn=bias_fn,
-                  transform_fn=transform_fn)
-    if bias_fn is not None:
-      kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
+    transform_fn, halo = self._transform_fn()
+    kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, transform_fn=transform_fn)
+    if impl in attention_lib.FUSED_IMPLS and scheme.bias == 'alibi':
+      # ALiBi as a per-key bias (alibi.alibi_key_bias: equal after the softmax)
+      kwargs.update(key_bias_BxHx1xK=alibi.alibi_key_bias(
+          k_side.stream(scheme.bias_stream), alibi.alibi_slopes(h), cfg.slope_factor))
+    elif (bias_fn := self._bias_fn()) is not None:
+      kwargs.update(bias_fn=bias_fn, q_streams=q_side.stream(scheme.bias_stream),
                     k_streams=k_side.stream(scheme.bias_stream))
-    if cfg.pad_id >= 0:
+    if cfg.pad_id >= 0 or self.mask_keys:
       kwargs.update(k_valid=k_side.valid)
     if cfg.mask_across_documents:
       kwargs.update(q_document=q_side.document, k_document=k_side.document)
     if impl == 'blockwise':
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
-    if impl == 'cudnn':  # not decoding: causal indices are 0..T-1 in every row
+    if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
     out_BxHxTxDh = attention_lib.attention_fn(impl)(q, k, v, **kwargs)
     out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
@@ -259,12 +265,13 @@ class DecoderLayer(nn.Module):
   """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
   config: ModelConfig
   decode: bool = False
+  mask_keys: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD, q_side: Side, k_side: Side, cache_index):
     cfg = self.config
     norm = lambda name: RMSNorm(cfg.rms_eps, cfg.compute_dtype, name=name)
-    x = x_BxTxD + Attention(cfg, self.decode, name='attention')(
+    x = x_BxTxD + Attention(cfg, self.decode, self.mask_keys, name='attention')(
         norm('attention_norm')(x_BxTxD), q_side, k_side, cache_index)
     x = x + Mlp(cfg, name='mlp')(norm('mlp_norm')(x))
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
@@ -282,16 +289,18 @@ class Transformer(nn.Module):
       docs = positions_lib.separator_table(cfg.vocab_size, (cfg.bos_id,))
     return sep, docs
 
-  def compute_positions(self, tokens_BxT: jax.Array) -> positions_lib.BilevelPositions:
-    """The position streams the model derives from token ids (config separators, BOS, pad)."""
+  def compute_positions(self, tokens_BxT: jax.Array,
+                        valid_BxT: Optional[jax.Array] = None) -> positions_lib.BilevelPositions:
+    """The position streams the model derives from token ids (config separators, BOS, pad) and
+    the optional validity mask [B, T] (False = padding)."""
     cfg = self.config
     sep, docs = self._tables()
     return positions_lib.bilevel_positions(
         tokens_BxT, sep, document_start_table_V=docs,
         pad_id=cfg.pad_id if cfg.pad_id >= 0 else None,
-        restart_at_documents=cfg.restart_at_documents)
+        restart_at_documents=cfg.restart_at_documents, valid_BxT=valid_BxT)
 
-  def _decode_sides(self, tokens_BxT, positions):
+  def _decode_sides(self, tokens_BxT, positions, valid_BxT):
     """Updates the top-level cache; returns (q_side, k_side, cache_index) for this chunk."""
     b, t = tokens_BxT.shape
     initialized = self.has_variable('cache', 'index')
@@ -301,6 +310,7 @@ class Transformer(nn.Module):
     cached = {n: self.variable('cache', f'pos_{n}', jnp.zeros, (b, t), jnp.int32)
               for n in streams}
     cached_valid = self.variable('cache', 'pos_valid', jnp.zeros, (b, t), bool)
+    padding = self.variable('cache', 'padding', jnp.zeros, (b, t), bool)  # True: not a token
     state = {n: self.variable('cache', f'last_{n}', jnp.zeros, (b,), jnp.int32)
              for n in ('intra', 'inter', 'document')}
     last_sep = self.variable('cache', 'last_is_separator', jnp.zeros, (b,), bool)
@@ -313,8 +323,11 @@ class Transformer(nn.Module):
                        f'slots; initialise the cache with a longer [B, max_len] batch.')
     buf.value = jax.lax.dynamic_update_slice(buf.value, tokens_BxT.astype(jnp.int32),
                                              (0, start))
+    if valid_BxT is not None:
+      padding.value = jax.lax.dynamic_update_slice(
+          padding.value, ~jnp.asarray(valid_BxT, bool), (0, start))
     if positions is None:
-      full = self.compute_positions(buf.value)
+      full = self.compute_positions(buf.value, ~padding.value)
       for n in streams:
         cached[n].value = getattr(full, n)
       cached_valid.value = full.valid
@@ -348,6 +361,7 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxT: jax.Array, *,
                positions: Optional[positions_lib.BilevelPositions] = None,
+               valid_BxT: Optional[jax.Array] = None,
                decode: bool = False) -> jax.Array:
     cfg, scheme = self.config, self.config.scheme
     if tokens_BxT.ndim != 2:
@@ -355,9 +369,9 @@ class Transformer(nn.Module):
     b, t = tokens_BxT.shape
     dtype = cfg.compute_dtype
 
-    sides = self._decode_sides(tokens_BxT, positions) if decode else None
+    sides = self._decode_sides(tokens_BxT, positions, valid_BxT) if decode else None
     if sides is None:
-      pos = self.compute_positions(tokens_BxT) if positions is None else positions
+      pos = self.compute_positions(tokens_BxT, valid_BxT) if positions is None else positions
       index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
       q_side = k_side = Side.from_positions(pos, index)
       cache_index = jnp.zeros((), jnp.int32)
@@ -381,9 +395,12 @@ class Transformer(nn.Module):
             cfg.max_position, cfg.hidden_size, dtype=dtype, name='abs_embed')(stream)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
+    # Padding keys are masked when the config has a pad id, a validity mask is given, or the
+    # cache may hold left padding (decode).
+    mask_keys = decode or valid_BxT is not None
     layer_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
     for i in range(cfg.num_layers):
-      x = layer_cls(cfg, decode, name=f'layer_{i}')(x, q_side, k_side, cache_index)
+      x = layer_cls(cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side, cache_index)
     x = RMSNorm(cfg.rms_eps, dtype, name='final_norm')(x)
     logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
                       kernel_init=nn.with_logical_partitioning(_INIT, ('embed', 'vocab')),

@@ -14,9 +14,9 @@ inter `[0 0 0 0 1 1 1 1 2 3 3]`.
 Everything is a cumulative sum / cumulative max over the T axis (no Python loop over positions,
 no host round trip), so it runs per row inside a jitted train step.
 
-Padding (`tokens == pad_id`) is invisible: it never ends a segment, and it is not counted in any
-position, so the positions of the valid tokens are exactly those of the same row with the padding
-removed (left, right or interior padding alike). Without padding, `token` is 0..T-1 (the official
+Padding (`tokens == pad_id`, or False in `valid_BxT`) is invisible: it never ends a segment,
+and it is not counted in any position, so the positions of the valid tokens are exactly those of
+the same row with the padding removed (left, right or interior padding alike). Without padding, `token` is 0..T-1 (the official
 behaviour). All streams are 0 at padding positions.
 
 Documents: with a `document_start_table_V` (BOS ids), `document` counts the document starts at or
@@ -93,7 +93,8 @@ def bilevel_positions(tokens_BxT: jax.Array,
                       *,
                       document_start_table_V=None,
                       pad_id: Optional[int] = None,
-                      restart_at_documents: bool = False) -> BilevelPositions:
+                      restart_at_documents: bool = False,
+                      valid_BxT: Optional[jax.Array] = None) -> BilevelPositions:
   """Computes the bilevel position streams of a batch of token ids.
 
   Args:
@@ -104,6 +105,8 @@ def bilevel_positions(tokens_BxT: jax.Array,
     pad_id: id of the padding token, or None when there is no padding.
     restart_at_documents: restart token / intra / inter at every document start (needs
       `document_start_table_V`). False = official BiPE.
+    valid_BxT: optional bool [B, T], False at padding (e.g. the left padding of a batch of
+      prompts of different lengths); combined with `pad_id`.
 
   Returns:
     BilevelPositions with [B, T] int32 streams and the bool valid mask.
@@ -121,6 +124,8 @@ def bilevel_positions(tokens_BxT: jax.Array,
     valid = jnp.ones(tokens_BxT.shape, dtype=bool)
   else:
     valid = tokens_BxT != pad_id
+  if valid_BxT is not None:
+    valid = valid & jnp.asarray(valid_BxT, bool)
   is_sep = _lookup(separator_table_V, tokens_BxT) & valid
 
   # Index of each token among the valid tokens of its row (pads do not count).

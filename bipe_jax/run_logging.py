@@ -12,6 +12,16 @@ import logging
 import os
 
 _FORMAT = '%(asctime)s %(levelname)s %(name)s: %(message)s'
+# Library warnings that say nothing to a person watching the run: the file only.
+# TFDS warns 'Using custom data configuration' for every BuilderConfig made at run time, which
+# is how the embedded corpus and text folders are built.
+QUIET_WARNINGS = ('Using custom data configuration',)
+
+
+class _KnownNoise(logging.Filter):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith(QUIET_WARNINGS)
 
 
 def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Handler:
@@ -22,14 +32,17 @@ def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Han
   consoles = [h for h in root.handlers if not isinstance(h, logging.FileHandler)]
   for handler in consoles:  # absl's stderr handler and any other console handler
     handler.setLevel(max(handler.level, logging.WARNING))
+    handler.addFilter(_KnownNoise())
   if not consoles:  # without any, warnings would now reach the file only
     console = logging.StreamHandler()
     console.setLevel(logging.WARNING)
+    console.addFilter(_KnownNoise())
     root.addHandler(console)
   try:
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
     absl_logging.set_verbosity(absl_logging.INFO)
     absl_logging.get_absl_handler().setLevel(logging.WARNING)
+    absl_logging.get_absl_handler().addFilter(_KnownNoise())
   except ImportError:  # absl is a dependency of JAX, but the function does not need it
     pass
   root.setLevel(min(root.level or level, level))

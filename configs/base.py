@@ -88,6 +88,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   # (and lets a run resume on another process count). 0 = one shard per data-loading process.
   t.data_shards = 0
   t.seed = 0
+  # Fine-tune from a trained model: parameters only (fresh optimizer, step 0) from a workdir
+  # ('DIR' or 'DIR@STEP') or a Hugging Face folder; see bipe_jax/training/init_from.py.
+  t.init_from = ''
   t.log_every = 10
   t.eval_every = 0  # steps between validation measurements (0 = none); see training/validation.py
   t.eval_tokens = 16384  # validation tokens scored each time (a fixed slice of the split)

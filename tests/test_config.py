@@ -68,7 +68,7 @@ BAD = [
     (dict(head_dim=-1), 'head_dim'),
     (dict(dtype='float16'), "dtype.*'float32', 'bfloat16'"),
     (dict(attention_impl='flash'), 'attention_impl.*dense.*blockwise.*cudnn'),
-    (dict(attention_impl='cudnn', position_encoding='alibi'), 'attention_impl.*bias'),
+    (dict(attention_impl='cudnn', position_encoding='kerple'), 'attention_impl.*bias'),
     (dict(separator_ids=(3, 4096)), 'separator_ids.*4096.*0..4095'),
     (dict(separators='ids', separator_ids=()), 'separator_ids.*empty'),
     (dict(separators='regex'), 'separators.*auto'),

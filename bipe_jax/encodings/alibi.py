@@ -41,3 +41,22 @@ def alibi_bias(q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array, slopes_H,
   distance_Bx1xQxK = jnp.maximum(
       q_pos_BxQ[:, None, :, None] - k_pos_BxK[:, None, None, :], 0).astype(jnp.float32)
   return distance_Bx1xQxK * (-slope_factor * slopes_H)[None, :, None, None]
+
+
+def alibi_key_bias(k_pos_BxK: jax.Array, slopes_H, slope_factor: float = 1.) -> jax.Array:
+  """ALiBi as a per-key bias [B, H, 1, K] float32, for fused attention kernels.
+
+  For a visible pair (key at or before the query), -s*m*(p_q - p_k) = -s*m*p_q + s*m*p_k; the
+  first term is the same for every key of a query row, and softmax ignores a per-row constant,
+  so attention with the bias s*m*p_k equals attention with `alibi_bias`. This needs the clamp of
+  `alibi_bias` to be inactive on every visible pair: p_k <= p_q whenever the key is visible.
+  It holds for the token and inter streams of a row (both never decrease along the row; padding
+  is masked), in training and in decoding, and with documents that restart positions only when
+  attention across documents is masked (restart_at_documents without mask_across_documents
+  breaks it: a key of an earlier document may have a larger position than the query).
+  The logits grow with s*m*p_k (bipe_alibi: s = 96), so use it in float32: in bfloat16 the bias
+  of a long row loses its low bits.
+  """
+  slopes_H = jnp.asarray(slopes_H, dtype=jnp.float32)
+  return (k_pos_BxK[:, None, None, :].astype(jnp.float32)
+          * (slope_factor * slopes_H)[None, :, None, None])

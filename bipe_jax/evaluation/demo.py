@@ -33,11 +33,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TRAIN_SCRIPT = os.path.join(ROOT, 'train', 'main.py')
 
 # For the up-front time estimate only, from measurements on the project's 2-core CPU machine,
-# tiny preset at seq_len 64, batch 32: a step takes ~0.165 s wall on two single-threaded CPU
-# devices (`train/main.py --cpu_devices=2`, 12.5k tokens/s; one device on both cores: 0.22 s),
+# tiny preset at seq_len 64, batch 32: a step takes ~0.115 s wall on two single-threaded CPU
+# devices (`train/main.py --cpu_devices=2`, 18k tokens/s at load < 2, 2026-11-23; one device
+# on both cores: ~0.2 s),
 # or ~0.36 s in each of two single-threaded runs side by side (--parallel=2); a training
 # subprocess spends ~12 s in imports, compilation and checkpointing.
-SECONDS_PER_STEP = 0.165
+SECONDS_PER_STEP = 0.115
 SECONDS_PER_STEP_SIDE_BY_SIDE = 0.36
 
 SECONDS_TRAIN_STARTUP = 12.0
@@ -48,7 +49,7 @@ SECONDS_EVAL_STARTUP = 5.0  # restore + one compilation per length
 
 @dataclasses.dataclass(frozen=True)
 class DemoPlan:
-  encodings: tuple[str, ...] = ('rope', 'bipe_rope')
+  encodings: tuple[str, ...] = ('rope', 'bipe_rope', 'alibi', 'bipe_alibi')
   seq_len: int = 64
   steps: int = 1500
   parallel: int = 1  # training runs at once; when > 1 each gets one single-threaded device
@@ -107,7 +108,7 @@ class DemoPlan:
         f'--config.train.batch_size={self.batch_size}',
         f'--config.train.learning_rate={self.learning_rate}',
         f'--config.train.warmup_steps={self.warmup_steps}',
-        f'--config.train.log_every={max(1, steps // 10)}',
+        f'--config.train.log_every={max(1, steps // 5)}',
         f'--config.checkpoint.every_steps={steps}',
     ]
 

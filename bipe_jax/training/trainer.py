@@ -29,6 +29,7 @@ from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import data_loading
 from bipe_jax.training import flops as flops_lib
+from bipe_jax.training import init_from as init_from_lib
 from bipe_jax.training import mesh as mesh_lib
 from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training import progress
@@ -185,10 +186,20 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
       start_step, state, data_state = restored
       if data_state is not None:  # None: a converted checkpoint, no data position yet
         loader.set_state(data_state)
-      logger.event(f'resumed from checkpoint step {start_step} in {ckpt_dir}')
+      logger.event(f'resumed from checkpoint step {start_step} in {ckpt_dir}'
+                   + (' (train.init_from is used only by a fresh run)'
+                      if t.get('init_from', '') else ''))
     else:
       state, _ = train_state_lib.create_train_state(model, tx, mesh, seq_len, t.seed)
       start_step = 0
+      if t.get('init_from', ''):
+        try:
+          state, source = init_from_lib.with_source_params(
+              state, t.init_from, shardings.params,
+              separator_ids=tuple(config.model.get('separator_ids', ())))
+        except init_from_lib.InitFromError as e:
+          raise config_validation.ConfigError(str(e)) from None
+        logger.event(f'parameters from {source}; optimizer state fresh, step 0')
     logging.info('train state ready')
     if is_main:  # only now: a failed restore never replaces the record of what was trained
       run_record.write_config(workdir, config)

@@ -1,0 +1,106 @@
+"""Fine-tuning from a trained model (`train.init_from`): parameters only, fresh optimizer, step 0;
+from a workdir (optionally @STEP) or a Hugging Face folder; clear errors on a mismatch."""
+
+import os
+import shutil
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from bipe_jax import config as model_config_lib
+from bipe_jax import model as model_lib
+from bipe_jax.evaluation import runs
+from bipe_jax.interop import convert
+from bipe_jax.training import init_from
+from bipe_jax.training import mesh as mesh_lib
+from bipe_jax.training import optimizer as optimizer_lib
+from bipe_jax.training import train_state as train_state_lib
+from tests.test_training_e2e import checkpoint_steps, dirs, file_lock, run_cli  # pylint: disable=unused-import
+
+pytestmark = [pytest.mark.slow]
+
+SHORT = ('--config.train.steps=4', '--config.checkpoint.every_steps=2',
+         '--config.checkpoint.async_save=False')
+ROPE = '--config.model.position_encoding=rope'  # exportable to a Hugging Face Llama folder
+
+
+@pytest.fixture(scope='module')
+def source(dirs):
+  """A finished 4-step run, made once for all pytest-xdist workers (under a lock)."""
+  workdir = str(dirs / 'init_from_source')
+  with file_lock(str(dirs / '.init_from_source.lock')):
+    if not os.path.exists(os.path.join(workdir, 'DONE')):
+      shutil.rmtree(workdir, ignore_errors=True)
+      run_cli(dirs, workdir, *SHORT, ROPE)
+      open(os.path.join(workdir, 'DONE'), 'w', encoding='utf-8').close()
+  assert checkpoint_steps(workdir) == [2, 4]
+  return workdir
+
+
+def fresh_state(workdir):
+  config = runs.read_config(workdir)
+  model = model_lib.Transformer(model_config_lib.model_config_from_dict(config.model))
+  tx = optimizer_lib.make_optimizer(config.train)
+  mesh = mesh_lib.make_mesh(config.mesh, devices=jax.devices()[:1])
+  return train_state_lib.create_train_state(model, tx, mesh, int(config.data.seq_len), seed=5)
+
+
+def test_parse_source():
+  assert init_from.parse_source('/a/b@12') == ('/a/b', 12)
+  assert init_from.parse_source('/a/b') == ('/a/b', None)
+
+
+def test_params_come_from_the_source_and_the_optimizer_stays_fresh(source, tmp_path):
+  state, shardings = fresh_state(source)
+  for spec, step in ((source, 4), (f'{source}@2', 2)):
+    new, description = init_from.with_source_params(state, spec, shardings.params)
+    assert f'checkpoint step {step}' in description
+    want = runs.load_run(source, step=step).params
+    chex.assert_trees_all_equal(jax.device_get(new.params), jax.device_get(want))
+    chex.assert_trees_all_equal(jax.device_get(new.opt_state), jax.device_get(state.opt_state))
+    assert int(new.step) == 0
+  # The same parameters through a Hugging Face folder written from the source.
+  hf = convert.workdir_to_hf(source, str(tmp_path / 'hf'))
+  new, description = init_from.with_source_params(state, hf, shardings.params)
+  assert 'Hugging Face' in description
+  chex.assert_trees_all_close(jax.device_get(new.params),
+                              jax.device_get(runs.load_run(source).params), rtol=1e-6)
+
+
+def test_mismatches_name_the_parameter(source, tmp_path):
+  state, _ = fresh_state(source)
+  params = jax.device_get(state.params)
+  wide = jax.tree_util.tree_map_with_path(
+      lambda p, x: np.zeros(x.shape[:-1] + (x.shape[-1] + 1,)) if 'lm_head' in
+      jax.tree_util.keystr(p) else x, params)
+  with pytest.raises(init_from.InitFromError, match=r"\['lm_head'\]\['kernel'\] has shape"):
+    init_from.check_compatible(wide, params)
+  fewer = {k: v for k, v in params.items() if k != 'final_norm'}
+  with pytest.raises(init_from.InitFromError, match="no parameter .*final_norm"):
+    init_from.check_compatible(fewer, params)
+  with pytest.raises(init_from.InitFromError, match='is not a directory'):
+    init_from.load_source_params(str(tmp_path / 'nowhere'))
+  with pytest.raises(init_from.InitFromError, match='checkpoint step 3 is not in'):
+    init_from.load_source_params(f'{source}@3')
+
+
+def test_cli_fine_tunes_from_a_run_with_other_rope_scaling(dirs, source, tmp_path):
+  workdir = str(tmp_path / 'tuned')
+  proc = run_cli(dirs, workdir, '--config.train.steps=2', '--config.checkpoint.every_steps=2',
+                 '--config.checkpoint.async_save=False', f'--config.train.init_from={source}@2', ROPE,
+                 '--config.model.rope_scaling=yarn', '--config.model.rope_scaling_factor=2.0')
+  assert f'parameters from {source} (checkpoint step 2' in proc.stdout
+  assert 'optimizer state fresh, step 0' in proc.stdout and 'training steps 1..2' in proc.stdout
+  assert checkpoint_steps(workdir) == [2]
+
+
+def test_cli_refuses_a_source_of_another_shape_in_one_line(dirs, source, tmp_path):
+  workdir = str(tmp_path / 'wide')
+  proc = run_cli(dirs, workdir, '--config.train.steps=2', f'--config.train.init_from={source}',
+                 ROPE, '--config.model.ffn_size=96', expect=2)
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith('config error: train.init_from: parameter ') and 'mlp' in line
+  assert 'Traceback' not in proc.stderr
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints', '2'))
