@@ -50,6 +50,7 @@ class ModelConfig:
   block_size: int = 128
   dtype: str = 'float32'
   remat: bool = False
+  scan_layers: bool = False  # nn.scan over the decoder layers (params under 'layers', [L, ...])
   dape_hidden: int = 32
   dapev2_kernel: int = 3
   fire_hidden: int = 32
@@ -82,7 +83,8 @@ def _err(field: str, value: Any, allowed: str) -> ValueError:
   return ValueError(f'model.{field}={value!r} is invalid: {allowed}.')
 
 
-def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True) -> ModelConfig:
+def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
+                          inter_length_later: bool = False) -> ModelConfig:
   """Checks every field; raises ValueError naming the field and what is allowed. Returns cfg."""
   if cfg.position_encoding not in schemes.SCHEME_NAMES:
     raise _err('position_encoding', cfg.position_encoding,
@@ -122,7 +124,10 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True) 
             'bipe_jax.training.config_validation.derive_fields')
   if cfg.train_length == 0 and (cfg.rope_log_scale or cfg.scheme.bias == 'fire'):
     raise _err('train_length', 0, derive)
-  if cfg.rope_original_length == 0 and cfg.rope_scaling != 'none':
+  # For inter-stream rotary the original length is in segments, resolved at training start from
+  # the data (bipe_jax.training.position_stats): allowed to be 0 until then.
+  inter_later = inter_length_later and cfg.scheme.rotary == 'inter'
+  if cfg.rope_original_length == 0 and cfg.rope_scaling != 'none' and not inter_later:
     raise _err('rope_original_length', 0, derive)
   if cfg.rope_log_scale and cfg.train_length < 2:
     raise _err('train_length', cfg.train_length, 'must be >= 2 with rope_log_scale')
@@ -175,14 +180,17 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True) 
 
 
 def model_config_from_dict(model: Mapping[str, Any], *,
-                           require_separators: bool = True) -> ModelConfig:
+                           require_separators: bool = True,
+                           inter_length_later: bool = False) -> ModelConfig:
   """`config.model` (ConfigDict or dict) -> validated ModelConfig.
 
   Unknown keys are an error (typos would otherwise be silently ignored). separator_ids become a
   tuple; with separators='official' and no ids, the official Llama ids (869, 13) are used
   ('auto' ids are resolved from the tokenizer by the data pipeline before this call).
   A bipe_* scheme with no separator ids is an error unless `require_separators=False` (the
-  check of a config whose ids are resolved later, at training start).
+  check of a config whose ids are resolved later, at training start). `inter_length_later=True`
+  accepts rope_original_length=0 for an inter-stream rotary scheme with a scaling: it is in
+  segments, resolved at training start from the data (bipe_jax.training.position_stats).
   """
   values = dict(model.to_dict() if hasattr(model, 'to_dict') else model)
   known = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -195,4 +203,5 @@ def model_config_from_dict(model: Mapping[str, Any], *,
   values['separator_ids'] = tuple(int(i) for i in ids)
   if values.get('separators') == 'official' and not values['separator_ids']:
     values['separator_ids'] = OFFICIAL_SEPARATOR_IDS
-  return validate_model_config(ModelConfig(**values), require_separators=require_separators)
+  return validate_model_config(ModelConfig(**values), require_separators=require_separators,
+                               inter_length_later=inter_length_later)

@@ -13,6 +13,9 @@ Parameter tree (docs/design.md; the checkpoint converter relies on these names):
   layer_{i}/attention/{query,key,value}/kernel [D, H|G, Dh], layer_{i}/attention/out/kernel
   [H, Dh, D], layer_{i}/attention/{kerple,fire,t5,dape}/..., layer_{i}/mlp/{gate,up}/kernel
   [D, F], layer_{i}/mlp/down/kernel [F, D], final_norm/scale [D], lm_head/kernel [D, V].
+  With `scan_layers` the layers are one `nn.scan` named 'layers': layers/... holds the same
+  leaves with a leading [num_layers] axis (`stack_layer_params` / `unstack_layer_params`
+  convert; `init_from` and the Hugging Face converter accept either layout).
 
 Decoding (`decode=True`, collection 'cache'). Create the cache with
   `model.init(rng, jnp.zeros((B, max_len), jnp.int32), decode=True)['cache']`
@@ -277,6 +280,54 @@ class DecoderLayer(nn.Module):
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
 
+class ScannedDecoderLayer(DecoderLayer):
+  """DecoderLayer as the body of `nn.scan`: (x, ...) -> (x, None)."""
+
+  @nn.compact
+  def __call__(self, x_BxTxD, q_side: Side, k_side: Side, cache_index):
+    return super().__call__(x_BxTxD, q_side, k_side, cache_index), None
+
+
+SCANNED_LAYERS = 'layers'
+
+
+def stack_layer_params(params: dict, num_layers: int) -> dict:
+  """Unrolled parameters (layer_0 .. layer_{L-1}) -> the scanned layout ('layers', every leaf
+  with a leading [L] axis). Other entries are kept (unboxed: plain arrays); the inverse of
+  `unstack_layer_params`."""
+  params = nn.meta.unbox(params)  # plain arrays: a logical-axis box would keep its old names
+  names = [f'layer_{i}' for i in range(num_layers)]
+  missing = [n for n in names if n not in params]
+  if missing or SCANNED_LAYERS in params:
+    raise ValueError(f'stack_layer_params: expected {names[0]}..{names[-1]} and no '
+                     f'{SCANNED_LAYERS!r}; missing {missing}')
+  out = {k: v for k, v in params.items() if k not in names}
+  out[SCANNED_LAYERS] = jax.tree.map(lambda *xs: jnp.stack(xs), *[params[n] for n in names])
+  return out
+
+
+def unstack_layer_params(params: dict) -> dict:
+  """The scanned layout ('layers', leading [L] axis) -> layer_0 .. layer_{L-1}."""
+  if SCANNED_LAYERS not in params:
+    raise ValueError(f'unstack_layer_params: no {SCANNED_LAYERS!r} entry (already unrolled?)')
+  params = nn.meta.unbox(params)
+  stacked = params[SCANNED_LAYERS]
+  num_layers = jax.tree.leaves(stacked)[0].shape[0]
+  out = {k: v for k, v in params.items() if k != SCANNED_LAYERS}
+  for i in range(num_layers):
+    out[f'layer_{i}'] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return out
+
+
+def match_layer_layout(params: dict, like: dict) -> dict:
+  """`params` in the layer layout of `like` (stacked or unrolled), converting if needed."""
+  if SCANNED_LAYERS in like and SCANNED_LAYERS not in params and 'layer_0' in params:
+    return stack_layer_params(params, jax.tree.leaves(like[SCANNED_LAYERS])[0].shape[0])
+  if SCANNED_LAYERS in params and SCANNED_LAYERS not in like and 'layer_0' in like:
+    return unstack_layer_params(params)
+  return params
+
+
 class Transformer(nn.Module):
   """Decoder-only language model; __call__(tokens [B, T]) -> logits [B, T, V] float32."""
   config: ModelConfig
@@ -398,9 +449,18 @@ class Transformer(nn.Module):
     # Padding keys are masked when the config has a pad id, a validity mask is given, or the
     # cache may hold left padding (decode).
     mask_keys = decode or valid_BxT is not None
-    layer_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
-    for i in range(cfg.num_layers):
-      x = layer_cls(cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side, cache_index)
+    if cfg.scan_layers:
+      body = nn.remat(ScannedDecoderLayer) if cfg.remat else ScannedDecoderLayer
+      stack = nn.scan(body, variable_axes={'params': 0, 'cache': 0},
+                      split_rngs={'params': True}, length=cfg.num_layers,
+                      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                      metadata_params={nn.PARTITION_NAME: 'layers'})
+      x, _ = stack(cfg, decode, mask_keys, name=SCANNED_LAYERS)(x, q_side, k_side, cache_index)
+    else:
+      layer_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+      for i in range(cfg.num_layers):
+        x = layer_cls(cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side,
+                                                                 cache_index)
     x = RMSNorm(cfg.rms_eps, dtype, name='final_norm')(x)
     logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
                       kernel_init=nn.with_logical_partitioning(_INIT, ('embed', 'vocab')),

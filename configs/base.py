@@ -39,6 +39,9 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.block_size = 128
   m.dtype = 'float32'  # compute dtype; float32 | bfloat16
   m.remat = False
+  # nn.scan over the decoder layers: one compiled layer body (compile time flat in depth);
+  # parameters under 'layers' with a leading [num_layers] axis (model.stack_layer_params).
+  m.scan_layers = False
   m.dape_hidden = 32
   m.dapev2_kernel = 3
   m.fire_hidden = 32

@@ -147,7 +147,7 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
             flush=True)
   except (ValueError, FileNotFoundError) as e:
     return _error(str(e))
-  print('\nexact-match accuracy of the final answer (whole chain in parentheses), by number of '
+  print('\nexact-match accuracy of the final answer (share of valid chains in parentheses), by number of '
         f'operators; training problems have <= {train_max}:')
   print(acc.format_accuracy_table(tables, train_max_ops=train_max), flush=True)
   if output:

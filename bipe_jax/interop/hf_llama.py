@@ -298,6 +298,9 @@ def hf_weights_from_params(params: dict, m) -> Dict[str, np.ndarray]:
   """Maps our parameter tree (under `params`) to Hugging Face tensor names, float32 [out, in]."""
   num_layers, d, h, g, dh, f, v = _dims(m)
   params = _map_tree(meta.unbox(params), lambda x: np.asarray(x, dtype=np.float32))
+  if 'layers' in params:  # scanned layers (model.scan_layers): one entry per layer
+    from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+    params = model_lib.unstack_layer_params(params)
   out = {'model.embed_tokens.weight': params['embed']['embedding']}
   if _uses_intra_table(m):
     out[INTRA_WEIGHT] = params['intra_embed']['embedding']

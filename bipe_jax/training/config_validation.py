@@ -109,7 +109,11 @@ DERIVED_MODEL_FIELDS = (
 def derive_fields(config) -> None:
   """Fills model fields left at 0 from their source (`DERIVED_MODEL_FIELDS`), in place, so the
   run records the values it used; explicitly set values are kept."""
+  from bipe_jax.training import position_stats  # pylint: disable=g-import-not-at-top
   for field, source, _ in DERIVED_MODEL_FIELDS:
+    if field == 'rope_original_length' and position_stats.needs_inter_original_length(
+        config.model):
+      continue  # in segments, from the data: position_stats.resolve_inter_original_length
     if config.model.get(field, 0) == 0:
       section, name = source.split('.')
       with config.unlocked() if hasattr(config, 'unlocked') else _null():
@@ -123,7 +127,8 @@ def validate_config(config, device_count: int) -> None:
       raise ConfigError(f'config has no section {name!r}; build configs from configs/base.py')
   try:  # separator ids of a rule are resolved from the tokenizer later (resolve_model_config)
     model_config_lib.model_config_from_dict(config.model,
-                                            require_separators=config.model.separators == 'ids')
+                                            require_separators=config.model.separators == 'ids',
+                                            inter_length_later=True)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   seq_len = config.data.seq_len
@@ -169,8 +174,8 @@ def resolve_model_config(config, tokenizer) -> model_config_lib.ModelConfig:
       raise ConfigError(f'model.separators={mode!r}: {e}') from None
     with config.unlocked() if hasattr(config, 'unlocked') else _null():
       config.model.separator_ids = ids
-  try:
-    return model_config_lib.model_config_from_dict(config.model)
+  try:  # an inter-stream original length is filled next, from the data (position_stats)
+    return model_config_lib.model_config_from_dict(config.model, inter_length_later=True)
   except ValueError as e:
     raise ConfigError(str(e)) from None
 

@@ -6,7 +6,9 @@
   DIR@STEP   the same at checkpoint STEP;
   HF_DIR     a Hugging Face Llama / released-BiPE folder (config.json + safetensors or
              pytorch_model.bin), mapped by bipe_jax.interop in memory.
-Only the parameters are taken: the optimizer state is fresh, the step is 0, and everything else
+The source may have scanned or unrolled layers (`model.scan_layers`): the parameters are
+converted to this run's layout. Only the parameters are taken: the optimizer state is fresh,
+the step is 0, and everything else
 (schedule, data, sequence length, rope scaling, separators, attention implementation) comes
 from the new run's config. Model fields that do not change the parameter tree may therefore
 differ from the source; a parameter the source lacks, has in excess or has in another shape is
@@ -98,7 +100,9 @@ def check_compatible(source_params, target_params) -> None:
 def with_source_params(state, spec: str, params_shardings, *, separator_ids=()):
   """(`state` with its parameters replaced by the source's, description); optimizer state, step
   and rng of `state` unchanged (a fresh run's)."""
+  from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   source, description = load_source_params(spec, separator_ids=separator_ids)
+  source = model_lib.match_layer_layout(source, state.params)  # scanned <-> unrolled layers
   check_compatible(source, state.params)
   params = jax.device_put(
       jax.tree.map(lambda s, t: np.asarray(s, dtype=t.dtype), source, state.params),

@@ -34,6 +34,7 @@ LOGICAL_AXIS_RULES = (
     ('length', None),
     ('head_dim', None),
     ('positions', None),
+    ('layers', None),  # the stacked axis of scanned layers (model.scan_layers)
 )
 
 

@@ -12,6 +12,7 @@ Preemption: SIGTERM (single process) or JAX's preemption sync point (multi-proce
 the loop save a checkpoint at the step it has reached and return cleanly.
 """
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -24,6 +25,7 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
+from bipe_jax import config as model_config_lib
 from bipe_jax import run_tokenizer
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
@@ -32,6 +34,7 @@ from bipe_jax.training import flops as flops_lib
 from bipe_jax.training import init_from as init_from_lib
 from bipe_jax.training import mesh as mesh_lib
 from bipe_jax.training import optimizer as optimizer_lib
+from bipe_jax.training import position_stats
 from bipe_jax.training import progress
 from bipe_jax.training import run_record
 from bipe_jax.training import train_state as train_state_lib
@@ -96,6 +99,37 @@ def _default_data(config, workdir: str):
   return data_lib.make_train_iterator, model_config
 
 
+def _segment_statistics(config, workdir: str, model_config, make_iterator):
+  """(model_config with an inter-stream rope_original_length resolved, message or None).
+
+  A fresh bipe_* run records the segment statistics of its training rows
+  (position_stats.json, read by runs fine-tuned from it); see bipe_jax.training.position_stats.
+  """
+  if not config.model.position_encoding.startswith('bipe'):
+    return model_config, None
+  cache = {}
+
+  def own_stats():
+    if 'stats' not in cache:
+      cache['stats'] = position_stats.read(workdir) or position_stats.measure(
+          config.data, model_config, make_iterator)
+    return cache['stats']
+
+  message = None
+  if position_stats.needs_inter_original_length(config.model):
+    with config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext():
+      source = position_stats.resolve_inter_original_length(config, workdir, own_stats)
+    message = f'model.rope_original_length = {source}, for {config.model.rope_scaling} on the ' \
+              'inter stream'
+    try:
+      model_config = model_config_lib.model_config_from_dict(config.model)
+    except ValueError as e:
+      raise config_validation.ConfigError(str(e)) from None
+  if jax.process_index() == 0 and position_stats.read(workdir) is None:
+    position_stats.write(workdir, own_stats())
+  return model_config, message
+
+
 def _check_finite(step: int, scalars: dict, last_good: Optional[int], directory: str):
   loss, grad_norm = float(scalars['loss']), float(scalars['grad_norm'])
   if math.isfinite(loss) and math.isfinite(grad_norm):
@@ -131,12 +165,13 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   data_slice = mesh_lib.process_data_shard(mesh, t.batch_size)
   num_shards = config_validation.validate_data_shards(config, data_slice[1])
 
-  model_config = None
+  model_config, stats_message = None, None
   if make_iterator is None:
     make_iterator, model_config = _default_data(config, workdir)
+    model_config, stats_message = _segment_statistics(config, workdir, model_config,
+                                                      make_iterator)
   if model is None:
     from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-    from bipe_jax import config as model_config_lib  # pylint: disable=g-import-not-at-top
     model_config = model_config or model_config_lib.model_config_from_dict(config.model)
     model = model_lib.Transformer(model_config)
   pad_id = int(config.model.pad_id)
@@ -206,6 +241,8 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
     logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
                  f'{jax.process_count()} processes; training steps {start_step + 1}..{t.steps}')
     logger.event(f'MFU is measured against {peak_source}')
+    if stats_message:
+      logger.event(stats_message)
     step_fn = train_step_lib.make_train_step(
         model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps, pad_id=pad_id)
 

@@ -1,0 +1,106 @@
+"""Segment statistics of a run's training data, and the RoPE-scaling length they define.
+
+For `bipe_rope` the rotary positions are segment indices (the inter stream), so the "original
+length" of a RoPE scaling method (YaRN, PI, NTK) is the number of segments a training row
+holds, not its number of tokens: a model trained on rows of 1024 tokens with ~40 sentences per
+row has seen inter positions 0..~40 only. A fresh run of a bipe_* scheme measures the inter
+positions of its training rows (`measure`: `ROWS` rows of the training pipeline, a separate
+iterator, so the run's own data order is untouched) and writes them to
+`<workdir>/position_stats.json` (max, 99th percentile, mean of the last inter position of a
+row, at data.seq_len).
+
+`model.rope_original_length` = 0 for a scheme that rotates by the inter stream, with a RoPE
+scaling, is resolved once at start (`resolve_inter_original_length`), in this order:
+  1. the value recorded in the workdir's config.json (a resumed run);
+  2. the `position_stats.json` of the `train.init_from` workdir (fine-tuning: the source's
+     training is what the scaling extends): its max + 1;
+  3. the run's own training rows: max + 1.
+The max (not the 99th percentile) is used, as YaRN uses the training context length: every
+position seen in training stays inside the original range. Both are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from bipe_jax import positions as positions_lib
+
+STATS_FILE = 'position_stats.json'
+ROWS = 64
+
+
+def inter_stats(model_config, tokens_NxL) -> dict:
+  """Inter-position statistics of rows [N, L] under the model's separators (and BOS / pad)."""
+  tokens = np.asarray(tokens_NxL)
+  sep = positions_lib.separator_table(model_config.vocab_size, model_config.separator_ids)
+  docs = (positions_lib.separator_table(model_config.vocab_size, (model_config.bos_id,))
+          if model_config.bos_id >= 0 else None)
+  pos = positions_lib.bilevel_positions(
+      tokens, sep, document_start_table_V=docs,
+      pad_id=model_config.pad_id if model_config.pad_id >= 0 else None,
+      restart_at_documents=model_config.restart_at_documents)
+  inter = np.asarray(pos.inter)
+  row_max = inter.max(axis=1)
+  return {'length': int(tokens.shape[1]), 'rows': int(tokens.shape[0]),
+          'max_inter': int(row_max.max()), 'p99_inter': float(np.percentile(row_max, 99)),
+          'mean_last_inter': float(row_max.mean()),
+          'mean_segment_tokens': float(tokens.shape[1] / (row_max.mean() + 1))}
+
+
+def measure(data_config, model_config, make_iterator, rows: int = ROWS) -> dict:
+  """inter_stats of the first `rows` rows of a fresh training iterator."""
+  batch = next(iter(make_iterator(data_config, rows, 0, 1)))
+  return inter_stats(model_config, batch['tokens'])
+
+
+def write(workdir: str, stats: dict) -> None:
+  os.makedirs(workdir, exist_ok=True)
+  tmp = os.path.join(workdir, STATS_FILE + '.tmp')
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(stats, f, indent=2)
+  os.replace(tmp, os.path.join(workdir, STATS_FILE))
+
+
+def read(workdir: str) -> dict | None:
+  path = os.path.join(workdir, STATS_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def needs_inter_original_length(model_fields) -> bool:
+  """True for a scheme rotating by the inter stream, with a scaling and no original length."""
+  from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
+  return (schemes.get_scheme(model_fields['position_encoding']).rotary == 'inter'
+          and model_fields['rope_scaling'] != 'none'
+          and int(model_fields['rope_original_length']) == 0)
+
+
+def resolve_inter_original_length(config, workdir: str, own_stats) -> str:
+  """Sets config.model.rope_original_length (see the module docstring); returns where it came
+  from. `own_stats`: a callable returning this run's own stats (called only when needed)."""
+  from bipe_jax.training import init_from  # pylint: disable=g-import-not-at-top
+  saved = os.path.join(workdir, 'config.json')
+  if os.path.isfile(saved):
+    with open(saved, encoding='utf-8') as f:
+      recorded = int(json.load(f).get('model', {}).get('rope_original_length', 0))
+    if recorded:
+      config.model.rope_original_length = recorded
+      return f'{recorded} (recorded in {saved})'
+  spec = config.train.get('init_from', '')
+  if spec:
+    source, _ = init_from.parse_source(spec)
+    stats = read(source)
+    if stats is not None:
+      config.model.rope_original_length = int(stats['max_inter']) + 1
+      return (f'{config.model.rope_original_length} segments (max inter position '
+              f'{stats["max_inter"]} + 1 of the training rows of {source}, length '
+              f'{stats["length"]})')
+  stats = own_stats()
+  config.model.rope_original_length = int(stats['max_inter']) + 1
+  return (f'{config.model.rope_original_length} segments (max inter position '
+          f'{stats["max_inter"]} + 1 of this run\'s training rows, length {stats["length"]})')

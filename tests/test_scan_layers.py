@@ -1,0 +1,81 @@
+"""Scanned layers (`model.scan_layers`): the same logits, gradients and decoding as the
+unrolled model, with parameters converted between the two layouts."""
+
+import functools
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bipe_jax import config as config_lib
+from bipe_jax import generation
+from bipe_jax import model as model_lib
+from bipe_jax.interop import hf_llama
+
+TOKENS = jnp.asarray(np.random.default_rng(3).integers(0, 16, (2, 24)), jnp.int32)
+
+
+def _models(name, **extra):
+  fields = dict(vocab_size=16, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
+                ffn_size=64, position_encoding=name, separators='ids', separator_ids=(3, 4),
+                max_intra=32, max_position=32, train_length=24, block_size=8, bos_id=1)
+  fields.update(extra)
+  unrolled = model_lib.Transformer(config_lib.model_config_from_dict(fields))
+  scanned = model_lib.Transformer(config_lib.model_config_from_dict({**fields,
+                                                                     'scan_layers': True}))
+  return unrolled, scanned
+
+
+def _loss(model, params):
+  logits = model.apply({'params': params}, TOKENS)
+  return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]),
+                                       TOKENS[:, 1:, None], -1))
+
+
+@pytest.mark.parametrize('name,extra', [('bipe_rope', {}), ('bipe_alibi', {'remat': True}),
+                                        ('dape_kerple', {}), ('fire', {})])
+def test_scanned_equals_unrolled_in_logits_and_gradients(name, extra):
+  unrolled, scanned = _models(name, **extra)
+  params = nn.meta.unbox(unrolled.init(jax.random.PRNGKey(0), TOKENS)['params'])
+  stacked = model_lib.stack_layer_params(params, 3)
+  own = nn.meta.unbox(scanned.init(jax.random.PRNGKey(0), TOKENS)['params'])
+  chex.assert_trees_all_equal_shapes(stacked, own)  # the converter gives the scanned layout
+  for apply in (lambda m, p: m.apply({'params': p}, TOKENS),
+                jax.jit(lambda m, p: m.apply({'params': p}, TOKENS), static_argnums=0)):
+    np.testing.assert_allclose(apply(scanned, stacked), apply(unrolled, params),
+                               rtol=1e-5, atol=1e-5)
+  g_unrolled = jax.grad(functools.partial(_loss, unrolled))(params)
+  g_scanned = jax.grad(functools.partial(_loss, scanned))(stacked)
+  chex.assert_trees_all_close(model_lib.unstack_layer_params(g_scanned), g_unrolled,
+                              rtol=1e-4, atol=1e-6)
+
+
+def test_layouts_round_trip_and_match():
+  unrolled, _ = _models('bipe_rope')
+  params = nn.meta.unbox(unrolled.init(jax.random.PRNGKey(1), TOKENS)['params'])
+  stacked = model_lib.stack_layer_params(params, 3)
+  chex.assert_shape(stacked['layers']['attention']['query']['kernel'], (3, 32, 4, 8))
+  chex.assert_trees_all_equal(model_lib.unstack_layer_params(stacked), params)
+  chex.assert_trees_all_equal(model_lib.match_layer_layout(params, stacked), stacked)
+  chex.assert_trees_all_equal(model_lib.match_layer_layout(stacked, params), params)
+  with pytest.raises(ValueError, match='missing'):
+    model_lib.stack_layer_params(params, 4)
+  # The Hugging Face export reads either layout.
+  fields = dict(num_layers=3, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=0,
+                ffn_size=64, vocab_size=16, position_encoding='bipe_rope', max_intra=32)
+  a = hf_llama.hf_weights_from_params(params, fields)
+  b = hf_llama.hf_weights_from_params(stacked, fields)
+  chex.assert_trees_all_equal(a, b)
+
+
+def test_scanned_decoding_equals_unrolled_decoding():
+  unrolled, scanned = _models('bipe_rope')
+  params = nn.meta.unbox(unrolled.init(jax.random.PRNGKey(2), TOKENS)['params'])
+  prompt = TOKENS[:, :7]
+  want = generation.generate(unrolled, params, prompt, max_new_tokens=6)
+  got = generation.generate(scanned, model_lib.stack_layer_params(params, 3), prompt,
+                            max_new_tokens=6)
+  np.testing.assert_array_equal(got, want)
