@@ -84,8 +84,10 @@ def main(argv=None) -> None:
   common.report(f'Ours vs PyTorch: {shape.describe()}', table,
                 [f'{args.repeats} interleaved rounds; speed-up = median of per-round '
                  'step(PyTorch) / step(candidate)',
-                 f'our step: data-parallel over {args.cpu_devices} single-threaded CPU '
-                 'device(s); PyTorch: 2 intra-op threads'],
+                 ('our step: JAX\'s single CPU device (XLA\'s own threading)'
+                  if args.cpu_devices == 1 else
+                  f'our step: data-parallel over {args.cpu_devices} single-threaded CPU devices')
+                 + '; PyTorch: 2 intra-op threads'],
                 out=args.out, data=data)
 
 
