@@ -104,3 +104,21 @@ def test_cli_refuses_a_source_of_another_shape_in_one_line(dirs, source, tmp_pat
   assert line.startswith('config error: train.init_from: parameter ') and 'mlp' in line
   assert 'Traceback' not in proc.stderr
   assert not os.path.exists(os.path.join(workdir, 'checkpoints', '2'))
+
+
+def test_a_converted_model_holds_parameters_only_and_is_fine_tuned_not_resumed(
+    dirs, source, tmp_path):
+  hf = convert.workdir_to_hf(source, str(tmp_path / 'hf'))
+  converted = convert.hf_to_workdir(hf, str(tmp_path / 'converted'), seq_len=64)
+  (step_dir,) = [os.path.join(converted, 'checkpoints', n)
+                 for n in os.listdir(os.path.join(converted, 'checkpoints')) if n.isdigit()]
+  assert 'params' in os.listdir(step_dir) and 'state' not in os.listdir(step_dir)
+  state, shardings = fresh_state(source)
+  new, description = init_from.with_source_params(state, converted, shardings.params)
+  assert 'checkpoint step 0' in description
+  chex.assert_trees_all_close(jax.device_get(new.params),
+                              jax.device_get(runs.load_run(source).params), rtol=1e-6)
+  proc = run_cli(dirs, converted, '--config.train.steps=2', ROPE, expect=2)
+  line = proc.stderr.strip().splitlines()[-1]
+  assert 'holds parameters only (a converted model, step 0)' in line
+  assert f'--config.train.init_from={converted}' in line and 'Traceback' not in proc.stderr

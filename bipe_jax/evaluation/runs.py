@@ -142,9 +142,12 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
     errors = []
     for s in candidates:
       try:
-        state, _ = ckpt.restore(s, target)
+        if ckpt.is_params_only(s):  # a converted model (bipe_jax.convert): parameters only
+          params = ckpt.restore_params(s, target.params)
+        else:
+          params = ckpt.restore(s, target)[0].params
         return Run(workdir=workdir, config=config, model_config=model_config, model=model,
-                   params=state.params, step=int(s), mesh=mesh)
+                   params=params, step=int(s), mesh=mesh)
       except Exception as e:  # pylint: disable=broad-except
         first = str(e).splitlines()[0][:300] if str(e) else ''
         errors.append(f'step {s}: {type(e).__name__}: {first}')
@@ -157,14 +160,7 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
 
 def _steps(ckpt_dir: str) -> list[int]:
   """Complete checkpoint steps (Orbax step directories named by their number)."""
-  if not os.path.isdir(ckpt_dir):
-    return []
-  out = []
-  for name in os.listdir(ckpt_dir):
-    tail = name.split('_')[-1]
-    if tail.isdigit() and os.path.isdir(os.path.join(ckpt_dir, name)) and '.orbax' not in name:
-      out.append(int(tail))
-  return sorted(out)
+  return sorted(checkpointing.step_dirs(ckpt_dir))
 
 
 def labels_for(runs: list[Run]) -> list[str]:

@@ -10,8 +10,10 @@ HF -> bipe_jax writes a workdir like the ones train/main.py writes, so `eval/per
 --workdir=WORKDIR` and `eval/generate.py --workdir=WORKDIR` accept it:
   WORKDIR/config.json          the full config (configs/base.py sections, model fields mapped)
   WORKDIR/config.py            `get_config()` returning config.json (for train/main.py --config)
-  WORKDIR/checkpoints/0/       Orbax checkpoint of the train state at step 0: the converted
-                               parameters, a fresh optimizer state, and an empty data state
+  WORKDIR/checkpoints/0/       Orbax checkpoint of the converted parameters only (no optimizer
+                               state: converting a 1.6B model needs its parameters' memory, not
+                               a train state's); fine-tune from it in a new workdir with
+                               --config.train.init_from=WORKDIR
   WORKDIR/tokenizer.model      copied when the folder has one (data.tokenizer_path points to it)
 The parameters are float32 (the released checkpoints are float16; conversion is exact).
 
@@ -40,7 +42,7 @@ from bipe_jax.interop import hf_llama
 
 CONFIG_PY = '''"""Config of a checkpoint converted by bipe_jax.convert: returns config.json beside this file.
 
-  python train/main.py --config={path} --workdir={workdir}
+  python train/main.py --config={path} --workdir=NEW_WORKDIR --config.train.init_from={workdir}
 """
 
 import json
@@ -109,10 +111,12 @@ def _check_params(params, abstract_params):
 
 def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
                   step: int = 0) -> str:
-  """Writes config.json, config.py and an Orbax train-state checkpoint of `params` at `step`.
+  """Writes config.json, config.py and an Orbax checkpoint of `params` (parameters only: no
+  optimizer state, so converting needs the memory of the parameters alone) at `step`.
 
-  The optimizer state is fresh (optax init of config.train's optimizer) and the data-iterator
-  state empty (None). Returns the checkpoint directory.
+  Evaluation and generation read it like a training run (bipe_jax.evaluation.runs.load_run);
+  to train from it, start a new run with `--config.train.init_from=WORKDIR`. Returns the
+  checkpoint directory.
   """
   # Imported here: the training stack is only needed to write workdirs.
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
@@ -126,13 +130,9 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
   mesh = mesh_lib.make_mesh(config.mesh)
   abstract, shardings = train_state_lib.state_shardings(model, tx, mesh,
                                                         int(config.data.seq_len))
+  params = model_lib.match_layer_layout(params, abstract.params)  # config.model.scan_layers
   _check_params(params, abstract.params)
   params = jax.device_put(jax.tree.map(np.asarray, params), shardings.params)
-  with train_state_lib.mesh_context(mesh):
-    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-  state = train_state_lib.TrainState(
-      step=jax.device_put(np.int32(step), shardings.step), params=params, opt_state=opt_state,
-      rng=jax.device_put(jax.random.PRNGKey(int(config.train.seed)), shardings.rng))
 
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
@@ -145,7 +145,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
     raise ValueError(f'{ckpt_dir} already holds checkpoints: convert into a new workdir')
   checkpointer = checkpointing.Checkpointer(ckpt_dir, every_steps=1, keep=1, async_save=False)
   try:
-    checkpointer.save(step, state, None, force=True)
+    checkpointer.save_params(step, params)
   finally:
     checkpointer.close()
   return ckpt_dir

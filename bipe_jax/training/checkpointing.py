@@ -29,6 +29,7 @@ Readers of a live workdir (evaluation) should use `Checkpointer(dir, read_only=T
 
 import dataclasses
 import json
+import os
 import shutil
 from typing import Any, Optional
 
@@ -132,6 +133,30 @@ def _shape_table(tree) -> dict:
   return {'/'.join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in flat}
 
 
+def step_dirs(directory: str) -> dict[int, str]:
+  """{step: folder} of the complete checkpoints in `directory` (Orbax step folders named by
+  their number), without opening a CheckpointManager; {} when there is none."""
+  if not os.path.isdir(directory):
+    return {}
+  steps = {}
+  for name in os.listdir(directory):
+    tail = name.split('_')[-1]
+    if tail.isdigit() and os.path.isdir(os.path.join(directory, name)) and '.orbax' not in name:
+      steps[int(tail)] = os.path.join(directory, name)
+  return steps
+
+
+def params_only_step(directory: str) -> Optional[int]:
+  """The newest step of `directory` when it holds parameters only (a converted model, see
+  `Checkpointer.save_params`), else None (no checkpoint, or a training run's)."""
+  steps = step_dirs(directory)
+  if not steps:
+    return None
+  newest = max(steps)
+  items = set(os.listdir(steps[newest]))
+  return newest if 'params' in items and 'state' not in items else None
+
+
 class Checkpointer:
   """A CheckpointManager for (train state, data-iterator state) with resume fallback."""
 
@@ -149,7 +174,7 @@ class Checkpointer:
 
   def _new_manager(self) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(self.directory, options=self._options,
-                                 item_names=('state', 'data'))
+                                 item_names=('state', 'data', 'params'))
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -164,6 +189,24 @@ class Checkpointer:
     return self._manager.save(
         step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                       data=DataStateSave(data_state)), force=force)
+
+  def save_params(self, step: int, params) -> None:
+    """Saves parameters only (a converted model: no optimizer state, no data position), so a
+    conversion needs the memory of the parameters, not of a whole train state."""
+    self._manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)),
+                       force=True)
+    self._manager.wait_until_finished()
+
+  def is_params_only(self, step: int) -> bool:
+    """Whether checkpoint `step` holds parameters only (written by `save_params`)."""
+    folder = self._step_dir(step)
+    return (folder / 'params').exists() and not (folder / 'state').exists()
+
+  def restore_params(self, step: int, abstract_params) -> Any:
+    """The parameters of a `save_params` checkpoint, laid out as `abstract_params`."""
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))
+    return restored['params']
 
   def restore(self, step: int, abstract_state) -> tuple[Any, Any]:
     """(state, data_state) of `step`, the state laid out as `abstract_state`'s shardings."""

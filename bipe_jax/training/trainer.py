@@ -177,6 +177,13 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0
+  ckpt_dir = config.checkpoint.dir or os.path.join(workdir, 'checkpoints')
+  converted = checkpointing.params_only_step(ckpt_dir)
+  if converted is not None:
+    raise config_validation.ConfigError(
+        f'{ckpt_dir} holds parameters only (a converted model, step {converted}), not a '
+        f'training run to resume: fine-tune from it in a new workdir with '
+        f'--config.train.init_from={workdir}')
   try:
     run_record.check_resume(workdir, config)
   except run_record.ResumeMismatchError as e:
@@ -187,7 +194,6 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   tx = optimizer_lib.make_optimizer(t)
   schedule = optimizer_lib.learning_rate_schedule(t)
   abstract, shardings = train_state_lib.state_shardings(model, tx, mesh, seq_len)
-  ckpt_dir = config.checkpoint.dir or os.path.join(workdir, 'checkpoints')
   checkpointer = checkpointing.Checkpointer(
       ckpt_dir, every_steps=config.checkpoint.every_steps, keep=config.checkpoint.keep,
       async_save=config.checkpoint.async_save)
@@ -219,7 +225,7 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
         allow_fresh_start=bool(config.checkpoint.get('allow_fresh_start', False)))
     if restored is not None:
       start_step, state, data_state = restored
-      if data_state is not None:  # None: a converted checkpoint, no data position yet
+      if data_state is not None:  # None: a train state saved without a data position
         loader.set_state(data_state)
       logger.event(f'resumed from checkpoint step {start_step} in {ckpt_dir}'
                    + (' (train.init_from is used only by a fresh run)'
