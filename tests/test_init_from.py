@@ -94,6 +94,11 @@ def test_cli_fine_tunes_from_a_run_with_other_rope_scaling(dirs, source, tmp_pat
   assert f'parameters from {source} (checkpoint step 2' in proc.stdout
   assert 'optimizer state fresh, step 0' in proc.stdout and 'training steps 1..2' in proc.stdout
   assert checkpoint_steps(workdir) == [2]
+  # YaRN's original length, not set, is the length the source was trained at.
+  tuned, trained = runs.read_config(workdir), runs.read_config(source)
+  assert tuned.model.rope_original_length == trained.data.seq_len
+  assert init_from.source_seq_len(f'{source}@2') == trained.data.seq_len
+  assert init_from.source_seq_len('') is None
 
 
 def test_cli_refuses_a_source_of_another_shape_in_one_line(dirs, source, tmp_path):

@@ -158,3 +158,47 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
       json.dump(doc, f, indent=2)
     print(f'wrote {output}')
   return 0
+
+
+def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16, step=None,
+                 attention_impl='blockwise', output='', plot_path='', command='') -> int:
+  """Passkey retrieval accuracy by context length and depth for each run (its own tokenizer and
+  separators; the synthetic task's samples for a run of data.dataset='passkey')."""
+  import json  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import passkey  # pylint: disable=g-import-not-at-top
+  try:
+    if not workdirs:
+      raise ValueError('give at least one --workdir')
+    if trials < 1 or batch_size < 1:
+      raise ValueError(f'--trials={trials} and --batch_size={batch_size} must be >= 1')
+    bad = [d for d in depths if not 0.0 <= d <= 1.0]
+    if bad or not depths or not lengths:
+      raise ValueError(f'--depths must be in [0, 1] and --lengths non-empty; got depths '
+                       f'{list(depths)}, lengths {list(lengths)}')
+    results, entries, labels = {}, [], []
+    for w in workdirs:
+      start = time.perf_counter()
+      run = runs_lib.load_run(w, step=step, attention_impl=attention_impl)
+      with run.context():
+        cells = passkey.probe(run.apply_fn(), run.params, passkey.row_function(run, seed),
+                              lengths, depths, trials=trials, batch_size=batch_size)
+      label = run.encoding if run.encoding not in labels else f'{run.encoding} ({w})'
+      labels.append(label)
+      results[label] = cells
+      entries.append({'label': label, 'workdir': w, 'encoding': run.encoding, 'step': run.step,
+                      'train_length': run.train_length, 'cells': [c.to_dict() for c in cells]})
+      print(f'{w}: {run.encoding} step {run.step} (trained at {run.train_length}), '
+            f'{time.perf_counter() - start:.0f} s', flush=True)
+  except (ValueError, FileNotFoundError, runs_lib.RunError) as e:
+    return _error(' '.join(str(e).split()))
+  print('\npasskey retrieval: exact-match accuracy of the 5-digit key, by context length and '
+        f'depth ({trials} trials per cell)')
+  print(passkey.format_table(results), flush=True)
+  if output:
+    with open(output, 'w', encoding='utf-8') as f:
+      json.dump({'command': command, 'trials': trials, 'seed': seed, 'runs': entries}, f,
+                indent=2)
+    print(f'wrote {output}')
+  if plot_path:
+    print(f'wrote {passkey.plot_heatmaps(results, plot_path)}')
+  return 0

@@ -102,13 +102,15 @@ def validate_data_shards(config, data_process_count: int) -> int:
 # Model fields derived from another field unless set explicitly (> 0): (field, source, why).
 DERIVED_MODEL_FIELDS = (
     ('train_length', 'data.seq_len', "FIRE's L0 and RoPE log-scale reference"),
-    ('rope_original_length', 'data.seq_len', 'the original length of a RoPE scaling method'),
+    ('rope_original_length', 'data.seq_len', 'the original length of a RoPE scaling method '
+     "(fine-tuning with train.init_from: the source run's data.seq_len)"),
 )
 
 
 def derive_fields(config) -> None:
   """Fills model fields left at 0 from their source (`DERIVED_MODEL_FIELDS`), in place, so the
   run records the values it used; explicitly set values are kept."""
+  from bipe_jax.training import init_from  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import position_stats  # pylint: disable=g-import-not-at-top
   for field, source, _ in DERIVED_MODEL_FIELDS:
     if field == 'rope_original_length' and position_stats.needs_inter_original_length(
@@ -116,8 +118,11 @@ def derive_fields(config) -> None:
       continue  # in segments, from the data: position_stats.resolve_inter_original_length
     if config.model.get(field, 0) == 0:
       section, name = source.split('.')
+      value = int(config[section][name])
+      if field == 'rope_original_length':  # a fine-tune extends its source's training length
+        value = init_from.source_seq_len(config.train.get('init_from', '')) or value
       with config.unlocked() if hasattr(config, 'unlocked') else _null():
-        config.model[field] = int(config[section][name])
+        config.model[field] = value
 
 
 def validate_config(config, device_count: int) -> None:

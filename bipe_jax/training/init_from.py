@@ -8,7 +8,8 @@
              pytorch_model.bin), mapped by bipe_jax.interop in memory.
 The source may have scanned or unrolled layers (`model.scan_layers`): the parameters are
 converted to this run's layout. Only the parameters are taken: the optimizer state is fresh,
-the step is 0, and everything else
+the step is 0 (a RoPE scaling's original length, when not set, is the source's data.seq_len;
+for inter-stream rotary its segment count, bipe_jax.training.position_stats), and everything else
 (schedule, data, sequence length, rope scaling, separators, attention implementation) comes
 from the new run's config. Model fields that do not change the parameter tree may therefore
 differ from the source; a parameter the source lacks, has in excess or has in another shape is
@@ -74,6 +75,17 @@ def load_source_params(spec: str, *, separator_ids: Sequence[int] = ()) -> tuple
     raise InitFromError(f'train.init_from={spec!r}: neither a bipe_jax workdir nor a readable '
                         f'Hugging Face folder ({str(e).splitlines()[0][:200]})') from None
   return params, f'{path} (Hugging Face folder)'
+
+
+def source_seq_len(spec: str) -> int | None:
+  """data.seq_len of the workdir `spec` names (None: no spec, or not a bipe_jax workdir)."""
+  if not spec:
+    return None
+  path, _ = parse_source(spec)
+  if not _is_workdir(path):
+    return None
+  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+  return int(runs.read_config(path).data.seq_len)
 
 
 def check_compatible(source_params, target_params) -> None:
