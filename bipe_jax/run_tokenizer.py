@@ -34,7 +34,8 @@ def sha256_of(path: str) -> str:
 
 def _has_file_tokenizer(data_config) -> bool:
   from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
-  return generated.lookup(data_config.dataset) is None
+  task = generated.lookup(data_config.dataset)
+  return task is None or task.file_tokenizer
 
 
 def pin_for_training(config, workdir: str) -> str | None:
@@ -47,6 +48,10 @@ def pin_for_training(config, workdir: str) -> str | None:
   if not _has_file_tokenizer(config.data):
     return None
   pinned = os.path.abspath(os.path.join(workdir, RUN_TOKENIZER_FILE))
+  from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
+  task = generated.lookup(config.data.dataset)
+  if task is not None:  # a task reading a tokenizer file: its own check (clear errors)
+    task.get_tokenizer(config.data)
   source = preparation.tokenizer_path(config.data)
   if os.path.isfile(pinned):
     explicit = config.data.tokenizer_path

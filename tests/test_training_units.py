@@ -197,21 +197,29 @@ def test_next_token_nll_matches_loop_reference():
   assert float(got_count) == count == 7
 
 
-def test_grad_accumulation_equals_one_big_batch():
+@pytest.mark.parametrize('with_mask', [False, True])
+def test_grad_accumulation_equals_one_big_batch(with_mask):
   mesh = one_device_mesh()
   model, t = TinyLM(), small_config().train
   tx, lr = optimizer.make_optimizer(t), optimizer.learning_rate_schedule(t)
   tokens = ListIterator(8).__next__()['tokens']
+  batch = {'tokens': jnp.asarray(tokens)}
+  if with_mask:  # an output-only loss: rows score different numbers of targets
+    mask = np.arange(tokens.shape[1])[None, :] >= (np.arange(tokens.shape[0]) % 5)[:, None] + 2
+    batch['loss_mask'] = jnp.asarray(mask)
   results = []
   for accum in (1, 4):
     state, sh = train_state.create_train_state(model, tx, mesh, SEQ, seed=0)
     step = train_step.make_train_step(model, tx, lr, mesh, sh, grad_accum_steps=accum)
     with train_state.mesh_context(mesh):
       for _ in range(2):
-        state, metrics = step(state, {'tokens': jnp.asarray(tokens)})
-    results.append((jax.device_get(state.params), float(metrics['loss'])))
+        state, metrics = step(state, batch)
+    results.append((jax.device_get(state.params), float(metrics['loss']),
+                    float(metrics['targets'])))
   chex.assert_trees_all_close(results[0][0], results[1][0], atol=1e-6, rtol=1e-5)
   np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6)
+  full = tokens.shape[0] * (tokens.shape[1] - 1)
+  assert results[0][2] == results[1][2] and (results[0][2] < full) == with_mask
 
 
 # ------------------------------------------------------------------ FLOPs, progress

@@ -12,6 +12,7 @@ Hooks of a `GeneratedDataset`:
   make_eval_blocks(data_config, length, split=, max_tokens=, stride=)
                              -> (tokens [N, length] int32, target_mask [N, length] bool)
   prepare(data_config)       -> None (optional: build whatever the dataset needs)
+  file_tokenizer             whether its tokenizer is a SentencePiece file a run pins
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class GeneratedDataset:
   make_train_iterator: Callable
   make_eval_blocks: Callable
   prepare: Callable | None = None
+  # True when the dataset is tokenized with a SentencePiece file (data.tokenizer_path) that a
+  # run pins like any text dataset's (bipe_jax.run_tokenizer); False for a task's own vocabulary.
+  file_tokenizer: bool = False
 
 
 _REGISTRY: dict[str, GeneratedDataset] = {}

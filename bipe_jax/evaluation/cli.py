@@ -202,3 +202,42 @@ def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16,
   if plot_path:
     print(f'wrote {passkey.plot_heatmaps(results, plot_path)}')
   return 0
+
+
+def scrolls_main(*, workdir, split='validation', max_examples=0, max_new_tokens=64,
+                 batch_size=8, step=None, output='', command='') -> int:
+  """Greedy answers of a SCROLLS fine-tune on a split, scored with the subset's metric."""
+  import json  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import scrolls  # pylint: disable=g-import-not-at-top
+  from bipe_jax.tasks import scrolls as scrolls_task  # pylint: disable=g-import-not-at-top
+  try:
+    if max_new_tokens < 1 or batch_size < 1 or max_examples < 0:
+      raise ValueError(f'--max_new_tokens={max_new_tokens} and --batch_size={batch_size} must '
+                       f'be >= 1, --max_examples={max_examples} >= 0')
+    config = runs_lib.read_config(workdir)
+    if config.data.dataset != scrolls_task.DATASET_NAME:
+      raise ValueError(f'workdir {workdir!r} was trained on data.dataset='
+                       f"{config.data.dataset!r}, not 'scrolls' (configs/scrolls_finetune.py)")
+    run = runs_lib.load_run(workdir, step=step, attention_impl='dense')
+    examples = scrolls_task.read_examples(run.config.data, split)
+    references = scrolls.references_by_id(examples)
+    if max_examples:
+      keep = list(references)[:max_examples]
+      references = {i: references[i] for i in keep}
+      examples = [e for e in examples if e['id'] in references]
+    start = time.perf_counter()
+    answers = scrolls.generate_answers(run, examples, max_new_tokens=max_new_tokens,
+                                       batch_size=batch_size)
+    subset = scrolls_task.settings(run.config.data)['subset']
+    result = scrolls.score(subset, answers, references)
+  except (ValueError, FileNotFoundError, runs_lib.RunError) as e:
+    return _error(' '.join(str(e).split()))
+  print(f'{workdir}: step {run.step}, {subset} {split}: {result["metric"]} '
+        f'{result["score"]:.2f} over {result["count"]} ids '
+        f'({time.perf_counter() - start:.0f} s)', flush=True)
+  if output:
+    with open(output, 'w', encoding='utf-8') as f:
+      json.dump({'command': command, 'workdir': workdir, 'step': run.step, 'subset': subset,
+                 'split': split, **result, 'answers': answers}, f, indent=2)
+    print(f'wrote {output}')
+  return 0

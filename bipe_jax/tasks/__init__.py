@@ -8,3 +8,4 @@ Importing this package registers each task's dataset with `bipe_jax.data.generat
 
 from bipe_jax.tasks import arithmetic  # registers data.dataset='arithmetic'
 from bipe_jax.tasks import passkey  # registers data.dataset='passkey'
+from bipe_jax.tasks import scrolls  # registers data.dataset='scrolls'

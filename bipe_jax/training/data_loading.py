@@ -14,7 +14,8 @@ import numpy as np
 
 
 class ShardedDataLoader:
-  """Iterator of {'tokens': int32 [B // P, T]} for this process (P = data processes)."""
+  """Iterator of {'tokens': int32 [B // P, T], 'loss_mask'?: bool [B // P, T]} for this
+  process (P = data processes); 'loss_mask' when the pipeline yields one."""
 
   def __init__(self, make_iterator: Callable, data_config, *, global_batch_size: int,
                num_shards: int, process_slice: tuple[int, int]):
@@ -35,7 +36,10 @@ class ShardedDataLoader:
 
   def __next__(self) -> dict:
     parts = [next(self._iterators[s]) for s in self.shard_ids]
-    return {'tokens': np.concatenate([np.asarray(p['tokens'], np.int32) for p in parts])}
+    out = {'tokens': np.concatenate([np.asarray(p['tokens'], np.int32) for p in parts])}
+    if all('loss_mask' in p for p in parts):
+      out['loss_mask'] = np.concatenate([np.asarray(p['loss_mask'], bool) for p in parts])
+    return out
 
   def get_state(self) -> dict:
     """{'num_shards': S, 'shards': {'<shard>': iterator state}} for this process's shards."""

@@ -15,11 +15,12 @@ from bipe_jax.training.train_state import TrainState
 
 
 def next_token_nll(logits_BxTxV: jax.Array, tokens_BxT: jax.Array,
-                   pad_id: int = -1) -> tuple[jax.Array, jax.Array]:
+                   pad_id: int = -1, loss_mask_BxT=None) -> tuple[jax.Array, jax.Array]:
   """(sum of NLL, number of scored targets), float32.
 
   Targets are tokens[:, 1:], predicted from logits[:, :-1]; a target equal to `pad_id`
-  (when pad_id >= 0) is not scored. The mean loss is sum / count. Computed over all T
+  (when pad_id >= 0) is not scored, nor one whose `loss_mask_BxT` entry is False (e.g. the
+  input part of an input -> output example: only the output is learned). The mean loss is sum / count. Computed over all T
   positions against the tokens rolled by one, with the last column masked: slicing
   logits[:, :-1] instead copies the [B, T, V] logits forward and pads their gradient backward
   (9% of the tiny preset's step, benchmarks/README.md).
@@ -32,6 +33,8 @@ def next_token_nll(logits_BxTxV: jax.Array, tokens_BxT: jax.Array,
   valid = jnp.arange(tokens_BxT.shape[1])[None, :] < tokens_BxT.shape[1] - 1
   if pad_id >= 0:
     valid = valid & (targets != pad_id)
+  if loss_mask_BxT is not None:
+    valid = valid & jnp.roll(loss_mask_BxT.astype(bool), -1, axis=1)
   valid = jnp.broadcast_to(valid, targets.shape)
   return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid).astype(jnp.float32)
 
@@ -39,29 +42,32 @@ def next_token_nll(logits_BxTxV: jax.Array, tokens_BxT: jax.Array,
 def train_step(state: TrainState, batch: dict, *, model: nn.Module,
                tx: optax.GradientTransformation, schedule: Callable, grad_accum_steps: int = 1,
                pad_id: int = -1) -> tuple[TrainState, dict]:
-  """One optimizer update on a global batch {'tokens': int32 [B, T]}.
+  """One optimizer update on a global batch {'tokens': int32 [B, T], 'loss_mask'?: [B, T]}.
 
   With grad_accum_steps = A > 1 the batch is split into A micro-batches (rows r with
   r % A == j form micro-batch j, so each stays spread over all data shards) and the summed
   gradients of a lax.scan are divided by the total target count: the update equals the
   A = 1 update up to float rounding.
   """
-  tokens = batch['tokens']
+  batch = {k: v for k, v in batch.items() if k in ('tokens', 'loss_mask')}
 
-  def loss_sum(params, tokens_bxT):
+  def loss_sum(params, micro_batch):
+    tokens_bxT = micro_batch['tokens']
     logits = model.apply({'params': params}, tokens_bxT)
-    return next_token_nll(logits, tokens_bxT, pad_id)
+    return next_token_nll(logits, tokens_bxT, pad_id, micro_batch.get('loss_mask'))
 
   grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
   if grad_accum_steps == 1:
-    (nll_sum, count), grads = grad_fn(state.params, tokens)
+    (nll_sum, count), grads = grad_fn(state.params, batch)
   else:
     a = grad_accum_steps
-    micro = tokens.reshape(tokens.shape[0] // a, a, tokens.shape[1]).swapaxes(0, 1)
-    micro = jax.lax.with_sharding_constraint(micro, P(None, mesh_lib.BATCH_AXES, None))
+    split = lambda x: jax.lax.with_sharding_constraint(  # pylint: disable=g-long-lambda
+        x.reshape(x.shape[0] // a, a, x.shape[1]).swapaxes(0, 1),
+        P(None, mesh_lib.BATCH_AXES, None))
+    micro = jax.tree.map(split, batch)
 
-    def body(carry, tokens_bxT):
-      (nll_i, count_i), grads_i = grad_fn(state.params, tokens_bxT)
+    def body(carry, micro_batch):
+      (nll_i, count_i), grads_i = grad_fn(state.params, micro_batch)
       acc_grads, acc_nll, acc_count = carry
       return (jax.tree.map(jnp.add, acc_grads, grads_i), acc_nll + nll_i,
               acc_count + count_i), None
@@ -88,5 +94,5 @@ def make_train_step(model, tx, schedule, mesh, shardings: TrainState, *,
   """
   fn = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                          grad_accum_steps=grad_accum_steps, pad_id=pad_id)
-  return jax.jit(fn, in_shardings=(shardings, {'tokens': mesh_lib.batch_sharding(mesh)}),
+  return jax.jit(fn, in_shardings=(shardings, mesh_lib.batch_sharding(mesh)),
                  out_shardings=(shardings, mesh_lib.replicated(mesh)), donate_argnums=0)
