@@ -70,6 +70,10 @@ class Side:
   inter: jax.Array
   document: jax.Array
   valid: jax.Array  # bool
+  # RoPE tables of the query side, [B, 1, N, Dh] float32, made once per forward pass by the
+  # Transformer (None: each attention computes its own).
+  rope_cos: Optional[jax.Array] = None
+  rope_sin: Optional[jax.Array] = None
 
   @classmethod
   def from_positions(cls, pos: positions_lib.BilevelPositions, index_BxN: jax.Array) -> 'Side':
@@ -78,6 +82,14 @@ class Side:
 
   def stream(self, name: str) -> jax.Array:
     return getattr(self, name)
+
+
+def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [B, 1, T, Dh] of the config's RoPE (base, scaling) at `positions`."""
+  inv_freq = rope.rope_inv_frequencies(cfg.head_size, cfg.rope_base, cfg.rope_scaling,
+                                       cfg.rope_scaling_factor, cfg.rope_original_length)
+  mscale = rope.rope_attention_scale(cfg.rope_scaling, cfg.rope_scaling_factor)
+  return rope.rope_cos_sin(positions_BxT, inv_freq, mscale)
 
 
 class RMSNorm(nn.Module):
@@ -206,13 +218,12 @@ class Attention(nn.Module):
 
     if scheme.rotary != 'none':
       rot_pos = q_side.stream(scheme.rotary)
-      inv_freq = rope.rope_inv_frequencies(dh, cfg.rope_base, cfg.rope_scaling,
-                                           cfg.rope_scaling_factor, cfg.rope_original_length)
-      mscale = rope.rope_attention_scale(cfg.rope_scaling, cfg.rope_scaling_factor)
       if cfg.rope_log_scale:
         q = q * rope.rope_log_scale(rot_pos, cfg.train_length)[:, None, :, None].astype(q.dtype)
-      q = rope.apply_rope(q, rot_pos, inv_freq, mscale)
-      k = rope.apply_rope(k, rot_pos, inv_freq, mscale)
+      cos, sin = q_side.rope_cos, q_side.rope_sin
+      if cos is None:  # an Attention used without the Transformer's tables
+        cos, sin = rope_tables(cfg, rot_pos)
+      q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
 
     if self.decode:
       initialized = self.has_variable('cache', 'cached_key')
@@ -428,6 +439,11 @@ class Transformer(nn.Module):
       cache_index = jnp.zeros((), jnp.int32)
     else:
       q_side, k_side, cache_index = sides
+    if scheme.rotary != 'none':
+      # sin/cos once per forward pass, materialised (the barrier keeps XLA from recomputing
+      # them inside every layer's, head's and q/k's rotation)
+      cos, sin = jax.lax.optimization_barrier(rope_tables(cfg, q_side.stream(scheme.rotary)))
+      q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,
                      embedding_init=nn.with_logical_partitioning(_INIT, ('vocab', 'embed')),

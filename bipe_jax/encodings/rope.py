@@ -96,18 +96,33 @@ def apply_rope(x_BxHxTxDh: jax.Array, positions_BxT: jax.Array, inv_freq,
   in float32 and cast back to x.dtype.
   """
   dh = x_BxHxTxDh.shape[-1]
-  inv_freq = jnp.asarray(inv_freq, dtype=jnp.float32)
-  if inv_freq.shape != (dh // 2,) or dh % 2:
+  if jnp.shape(inv_freq) != (dh // 2,) or dh % 2:
     raise ValueError(
         f'apply_rope: inv_freq must have shape ({dh // 2},) for head_dim {dh}, got '
-        f'{inv_freq.shape}.')
+        f'{jnp.shape(inv_freq)}.')
+  return rotate(x_BxHxTxDh, *rope_cos_sin(positions_BxT, inv_freq, attention_scale))
+
+
+def rope_cos_sin(positions_BxT: jax.Array, inv_freq,
+                 attention_scale: float = 1.) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) float32 [B, 1, T, Dh] of angles pos * [f, f], times `attention_scale`.
+
+  Computing them once per forward pass and rotating every layer's q and k with `rotate` does
+  the sin/cos work once instead of once per layer, head and q/k (apply_rope does both steps).
+  """
+  inv_freq = jnp.asarray(inv_freq, dtype=jnp.float32)
   angles_Bx1xTxF = positions_BxT.astype(jnp.float32)[:, None, :, None] * inv_freq
   angles = jnp.concatenate([angles_Bx1xTxF, angles_Bx1xTxF], axis=-1)
   cos, sin = jnp.cos(angles), jnp.sin(angles)
   if not (isinstance(attention_scale, (int, float)) and attention_scale == 1.):
     cos, sin = cos * attention_scale, sin * attention_scale
+  return cos, sin
+
+
+def rotate(x_BxHxTxDh: jax.Array, cos_Bx1xTxDh: jax.Array, sin_Bx1xTxDh: jax.Array) -> jax.Array:
+  """x * cos + rotate_half(x) * sin in float32, cast back to x.dtype (tables: rope_cos_sin)."""
   x = x_BxHxTxDh.astype(jnp.float32)
-  return (x * cos + rotate_half(x) * sin).astype(x_BxHxTxDh.dtype)
+  return (x * cos_Bx1xTxDh + rotate_half(x) * sin_Bx1xTxDh).astype(x_BxHxTxDh.dtype)
 
 
 def rope_log_scale(positions_BxT: jax.Array, train_length: int,
