@@ -57,7 +57,10 @@ def test_training_rows_resume_exactly():
     __getattr__ = dict.__getitem__
 
   it = task.make_train_iterator(Cfg(config), 4)
-  first = next(it)['tokens']
+  batch = next(it)
+  first = batch['tokens']
+  # The loss is on the answer only: the 5 digits after ANS and <eos>.
+  assert (batch['loss_mask'].sum(axis=1) == 6).all() and batch['loss_mask'][:, -6:].all()
   state = it.get_state()
   second = next(it)['tokens']
   again = task.make_train_iterator(Cfg(config), 4)

@@ -438,3 +438,22 @@ def test_distributed_flags_are_checked_and_default_is_single_process(monkeypatch
     distributed.initialize('127.0.0.1:1234', num_processes=2, process_id=2)
   with pytest.raises(ValueError, match='need --coordinator_address'):
     distributed.initialize('', num_processes=2, process_id=0)
+
+
+def test_token_nll_value_and_gradient_equal_the_automatic_ones():
+  logits = jax.random.normal(jax.random.PRNGKey(3), (2, 5, 11)) * 3
+  targets = jax.random.randint(jax.random.PRNGKey(4), (2, 5), 0, 11)
+  weights = jax.random.uniform(jax.random.PRNGKey(5), (2, 5))
+
+  def plain(x):
+    return jnp.sum(-jnp.take_along_axis(jax.nn.log_softmax(x), targets[..., None], -1)[..., 0]
+                   * weights)
+
+  def fused(x):
+    return jnp.sum(train_step.token_nll(x, targets) * weights)
+
+  np.testing.assert_allclose(fused(logits), plain(logits), rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(fused)(logits), jax.grad(plain)(logits), rtol=1e-5,
+                             atol=1e-7)
+  np.testing.assert_allclose(jax.jit(jax.grad(fused))(logits), jax.grad(plain)(logits),
+                             rtol=1e-5, atol=1e-7)

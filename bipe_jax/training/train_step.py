@@ -14,6 +14,30 @@ from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training.train_state import TrainState
 
 
+@jax.custom_vjp
+def token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
+  """-log softmax(logits)[target], float32 [B, T]. Its gradient is written as one expression,
+  (softmax - one_hot) * g, which XLA fuses into a single pass over the [B, T, V] logits (the
+  automatic one adds the logsumexp and the gather paths in a separate pass)."""
+  return _token_nll_fwd(logits_BxTxV, targets_BxT)[0]
+
+
+def _token_nll_fwd(logits, targets):
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return log_z - target_logit, (logits, log_z, targets)
+
+
+def _token_nll_bwd(residuals, g_BxT):
+  logits, log_z, targets = residuals
+  hit = jnp.arange(logits.shape[-1]) == targets[..., None]
+  grad = (jnp.exp(logits - log_z[..., None]) - hit) * g_BxT[..., None]
+  return grad.astype(logits.dtype), None
+
+
+token_nll.defvjp(_token_nll_fwd, _token_nll_bwd)
+
+
 def next_token_nll(logits_BxTxV: jax.Array, tokens_BxT: jax.Array,
                    pad_id: int = -1, loss_mask_BxT=None) -> tuple[jax.Array, jax.Array]:
   """(sum of NLL, number of scored targets), float32.
@@ -27,9 +51,7 @@ def next_token_nll(logits_BxTxV: jax.Array, tokens_BxT: jax.Array,
   """
   logits = logits_BxTxV.astype(jnp.float32)
   targets = jnp.roll(tokens_BxT, -1, axis=1)
-  log_z = jax.nn.logsumexp(logits, axis=-1)
-  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  nll = log_z - target_logit
+  nll = token_nll(logits, targets)
   valid = jnp.arange(tokens_BxT.shape[1])[None, :] < tokens_BxT.shape[1] - 1
   if pad_id >= 0:
     valid = valid & (targets != pad_id)
