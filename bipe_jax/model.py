@@ -478,9 +478,8 @@ class Transformer(nn.Module):
         x = layer_cls(cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side,
                                                                  cache_index)
     x = RMSNorm(cfg.rms_eps, dtype, name='final_norm')(x)
-    logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
-                      kernel_init=nn.with_logical_partitioning(_INIT, ('embed', 'vocab')),
-                      name='lm_head')(x)
+    logits = Projection((cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'), 'btd,dv->btv',
+                        dtype, name='lm_head')(x)
     return logits.astype(jnp.float32)
 
 

@@ -152,8 +152,9 @@ def plot_heatmaps(results: dict[str, Sequence[Cell]], path: str) -> str:
     ax.set_xticks(range(len(depths)), [f'{d:g}' for d in depths])
     ax.set_yticks(range(len(lengths)), [str(n) for n in lengths])
     ax.set_xlabel('depth of the key')
-    ax.set_ylabel('context length (tokens)')
-    ax.set_title(label)
+    if ax is axes[0][0]:
+      ax.set_ylabel('context length (tokens)')
+    ax.set_title(label.replace(' (', '\n('), fontsize=9)
     for i in range(len(lengths)):
       for j in range(len(depths)):
         if not np.isnan(grid[i, j]):
