@@ -51,3 +51,15 @@ def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Han
   file_handler.setFormatter(logging.Formatter(_FORMAT))
   root.addHandler(file_handler)
   return file_handler
+
+
+def start_quiet_cli(argv) -> None:
+  """The start of an evaluation CLI's `main(argv)` under absl.app: refuses stray positional
+  arguments (absl.app.UsageError) and, unless --verbosity was given, keeps library INFO logs
+  (Orbax restores, TFDS) off the terminal by setting absl's verbosity to WARNING."""
+  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  if not flags.FLAGS['verbosity'].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)

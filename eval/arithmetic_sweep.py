@@ -18,7 +18,6 @@ if ROOT not in sys.path:
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -47,10 +46,8 @@ def _ints(flag) -> tuple:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
+  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+  run_logging.start_quiet_cli(argv)
   from bipe_jax.evaluation import arithmetic_sweep  # pylint: disable=g-import-not-at-top
   try:
     plan = arithmetic_sweep.SweepPlan(

@@ -17,7 +17,6 @@ if ROOT not in sys.path:
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir or converted checkpoint.')
 _PROMPT = flags.DEFINE_string('prompt', '', 'Prompt text (encoded with the run\'s tokenizer).')
@@ -33,10 +32,8 @@ flags.mark_flag_as_required('workdir')
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax) only when asked
-    logging.set_verbosity(logging.WARNING)
+  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+  run_logging.start_quiet_cli(argv)
   from bipe_jax import generation  # pylint: disable=g-import-not-at-top
   try:
     sampling = generation.SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value,

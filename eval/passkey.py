@@ -18,7 +18,6 @@ if ROOT not in sys.path:
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_multi_string('workdir', [], 'Training workdir (repeatable).')
 _LENGTHS = flags.DEFINE_list('lengths', ['64', '128', '256', '512'], 'Context lengths (tokens).')
@@ -35,10 +34,8 @@ _PLOT = flags.DEFINE_string('plot', '', 'Heat-map PNG ("" = none).')
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax) only when asked
-    logging.set_verbosity(logging.WARNING)
+  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+  run_logging.start_quiet_cli(argv)
   from bipe_jax.evaluation import cli  # pylint: disable=g-import-not-at-top
   try:
     lengths = [int(x) for x in _LENGTHS.value]

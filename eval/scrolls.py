@@ -17,7 +17,6 @@ if ROOT not in sys.path:
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The fine-tuned workdir.')
 _SPLIT = flags.DEFINE_string('split', 'validation', 'Split to answer.')
@@ -30,10 +29,8 @@ flags.mark_flag_as_required('workdir')
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax) only when asked
-    logging.set_verbosity(logging.WARNING)
+  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+  run_logging.start_quiet_cli(argv)
   from bipe_jax.evaluation import cli  # pylint: disable=g-import-not-at-top
   return cli.scrolls_main(
       workdir=_WORKDIR.value, split=_SPLIT.value, max_examples=_MAX_EXAMPLES.value,

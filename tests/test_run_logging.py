@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from bipe_jax import run_logging
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = '''
@@ -29,3 +33,25 @@ def test_info_to_the_file_warnings_to_both(tmp_path):
   text = log.read_text()
   for line in ('orbax restored step 7', 'absl info line', 'a warning everyone should see'):
     assert line in text
+
+
+def test_start_quiet_cli_refuses_stray_arguments_and_quiets_library_info(monkeypatch):
+  from absl import app
+  from absl import flags
+  from absl import logging as absl_logging
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS(['prog'])
+  with pytest.raises(app.UsageError, match='unexpected arguments'):
+    run_logging.start_quiet_cli(['prog', 'stray'])
+  before = absl_logging.get_verbosity()
+  try:
+    monkeypatch.setattr(flags.FLAGS['verbosity'], 'present', 0)
+    absl_logging.set_verbosity(absl_logging.INFO)
+    run_logging.start_quiet_cli(['prog'])
+    assert absl_logging.get_verbosity() == absl_logging.WARNING
+    monkeypatch.setattr(flags.FLAGS['verbosity'], 'present', 1)  # --verbosity given: kept
+    absl_logging.set_verbosity(absl_logging.INFO)
+    run_logging.start_quiet_cli(['prog'])
+    assert absl_logging.get_verbosity() == absl_logging.INFO
+  finally:
+    absl_logging.set_verbosity(before)

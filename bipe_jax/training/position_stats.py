@@ -27,6 +27,7 @@ import os
 import numpy as np
 
 from bipe_jax import positions as positions_lib
+from bipe_jax.training import run_record
 
 STATS_FILE = 'position_stats.json'
 ROWS = 64
@@ -57,19 +58,11 @@ def measure(data_config, model_config, make_iterator, rows: int = ROWS) -> dict:
 
 
 def write(workdir: str, stats: dict) -> None:
-  os.makedirs(workdir, exist_ok=True)
-  tmp = os.path.join(workdir, STATS_FILE + '.tmp')
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(stats, f, indent=2)
-  os.replace(tmp, os.path.join(workdir, STATS_FILE))
+  run_record.write_text_atomic(os.path.join(workdir, STATS_FILE), json.dumps(stats, indent=2))
 
 
 def read(workdir: str) -> dict | None:
-  path = os.path.join(workdir, STATS_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
+  return run_record.read_json(os.path.join(workdir, STATS_FILE))
 
 
 def needs_inter_original_length(model_fields) -> bool:

@@ -43,12 +43,27 @@ def _plain(value: Any) -> Any:
   return json.loads(json.dumps(value, default=str))
 
 
-def read_saved_config(workdir: str) -> dict | None:
-  path = os.path.join(workdir, CONFIG_FILE)
+def read_json(path: str) -> dict | None:
+  """The JSON object in `path`, or None when there is no such file."""
   if not os.path.isfile(path):
     return None
   with open(path, encoding='utf-8') as f:
     return json.load(f)
+
+
+def write_text_atomic(path: str, text: str) -> str:
+  """Writes `text` to `path` through a temporary file (a reader never sees half a file);
+  creates the folder. Returns the path."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(tmp, path)
+  return path
+
+
+def read_saved_config(workdir: str) -> dict | None:
+  return read_json(os.path.join(workdir, CONFIG_FILE))
 
 
 def differing_fields(saved: dict, config) -> list[str]:
@@ -86,8 +101,4 @@ def write_config(workdir: str, config) -> str:
   path = os.path.join(workdir, CONFIG_FILE)
   text = (config.to_json_best_effort(indent=2) if hasattr(config, 'to_json_best_effort')
           else json.dumps(dict(config), indent=2, default=str))
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)
-  return path
+  return write_text_atomic(path, text)
