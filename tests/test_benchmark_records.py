@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from benchmarks import common
+from benchmarks import core_parallelism
 
 
 def test_disturbance_rules():
@@ -36,3 +39,10 @@ def test_disturbed_result_is_marked_and_not_written(tmp_path, monkeypatch, capsy
   assert text.startswith('### DISTURBED (load 6.00 > 2 at the start')
   assert not (tmp_path / 'r.md').exists() and not (tmp_path / 'r.json').exists()
   assert 'not written' in capsys.readouterr().err
+
+
+def test_parallel_efficiency_is_the_concurrent_sum_over_cores_times_the_rate_alone():
+  assert core_parallelism.parallel_efficiency(100.0, [100.0, 100.0]) == 1.0
+  assert core_parallelism.parallel_efficiency(180.0, [45.0, 45.0]) == 0.25
+  with pytest.raises(ValueError, match='positive rate'):
+    core_parallelism.parallel_efficiency(0.0, [1.0])

@@ -11,13 +11,14 @@ from bipe_jax.training import cpu_devices
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_single_thread_flags_are_added_once_and_user_threading_wins():
-  assert cpu_devices.xla_flags_with_single_threads('') == (
-      '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1')
-  assert cpu_devices.xla_flags_with_single_threads('--xla_dump_to=/x').startswith(
-      '--xla_dump_to=/x --xla_cpu_multi_thread_eigen=false')
-  mine = 'intra_op_parallelism_threads=4'
-  assert cpu_devices.xla_flags_with_single_threads(mine) == mine
+def test_single_thread_settings_are_added_once_and_user_threading_wins():
+  env = cpu_devices.single_thread_environment({'HOME': '/h'})
+  assert env == {'HOME': '/h', 'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false', 'NPROC': '1'}
+  assert cpu_devices.single_thread_environment(env) == env  # applied once
+  kept = cpu_devices.single_thread_environment({'XLA_FLAGS': '--xla_dump_to=/x'})
+  assert kept['XLA_FLAGS'] == '--xla_dump_to=/x --xla_cpu_multi_thread_eigen=false'
+  for mine in ({'NPROC': '4'}, {'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=true'}):
+    assert cpu_devices.single_thread_environment(mine) == mine
 
 
 @pytest.mark.parametrize('bad', [0, -2, 1.5, True])
@@ -27,7 +28,7 @@ def test_bad_counts_are_refused(bad):
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env = {k: v for k, v in os.environ.items() if k not in ('XLA_FLAGS', 'NPROC')}
   return subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=120)
 
@@ -37,14 +38,15 @@ def test_two_devices_before_jax_starts_and_a_clear_error_after():
       'import os, jax\n'
       'from bipe_jax.training import cpu_devices as c\n'
       'c.use_cpu_devices(2)\n'
-      'print(len(jax.devices()), jax.devices()[0].platform, os.environ["XLA_FLAGS"])\n'
+      'print(len(jax.devices()), jax.devices()[0].platform, os.environ["XLA_FLAGS"],\n'
+      '      os.environ["NPROC"])\n'
       'try:\n'
       '  c.use_cpu_devices(4)\n'
       'except c.CpuDevicesError as e:\n'
       '  print("ERROR", e)\n')
   assert proc.returncode == 0, proc.stderr
   first, second = proc.stdout.strip().splitlines()
-  assert first == '2 cpu --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
+  assert first == '2 cpu --xla_cpu_multi_thread_eigen=false 1'
   assert second.startswith('ERROR --cpu_devices=4: JAX already created its devices')
 
 

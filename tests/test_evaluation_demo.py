@@ -61,12 +61,14 @@ def test_side_by_side_runs_get_one_thread_each_and_keep_user_flags():
   plan = demo.DemoPlan(parallel=2)
   env = demo.train_environment(plan, {'XLA_FLAGS': '--xla_dump_to=/tmp/x', 'HOME': '/h'})
   assert env['XLA_FLAGS'].startswith('--xla_dump_to=/tmp/x ')
-  assert 'intra_op_parallelism_threads=1' in env['XLA_FLAGS'] and env['HOME'] == '/h'
+  assert '--xla_cpu_multi_thread_eigen=false' in env['XLA_FLAGS'] and env['NPROC'] == '1'
+  assert env['HOME'] == '/h'
   assert 'XLA_FLAGS' not in demo.train_environment(demo.DemoPlan(parallel=1), {})
   assert '--cpu_devices=1' in plan.train_command('rope')
   assert '--cpu_devices=2' in demo.DemoPlan(parallel=1, cpu_devices=2).train_command('rope')
-  mine = {'XLA_FLAGS': 'intra_op_parallelism_threads=2'}
-  assert demo.train_environment(plan, mine)['XLA_FLAGS'] == 'intra_op_parallelism_threads=2'
+  mine = {'NPROC': '2'}
+  assert demo.train_environment(plan, mine)['NPROC'] == '2'
+  assert 'XLA_FLAGS' not in demo.train_environment(plan, mine)
 
 
 def test_budget_is_the_same_flags_for_every_encoding():

@@ -157,11 +157,12 @@ def estimate_seconds(plan: DemoPlan, data_ready: bool) -> float:
 def train_environment(plan: DemoPlan, base: dict | None = None) -> dict:
   """The environment of a training subprocess: single-threaded XLA when runs go side by side.
 
-  A user's own XLA_FLAGS are kept; the thread flags are added only when they set none.
+  A user's own thread settings (NPROC, thread flags in XLA_FLAGS) are kept; other XLA_FLAGS
+  are kept and the single-thread settings added (bipe_jax.training.cpu_devices).
   """
   env = dict(os.environ if base is None else base, PYTHONUNBUFFERED='1')
   if plan.parallel > 1:
-    env['XLA_FLAGS'] = cpu_devices.xla_flags_with_single_threads(env.get('XLA_FLAGS', ''))
+    env = cpu_devices.single_thread_environment(env)
   return env
 
 
