@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,7 +47,6 @@ print(json.dumps({'flops_per_s': 2.0 * n ** 3 * count / (time.perf_counter() - t
 
 def run_workers(cores: list[int], size: int, seconds: float) -> list[float]:
   """FLOP/s of one worker per entry of `cores`, all started at the same moment."""
-  import time  # pylint: disable=g-import-not-at-top
   start_at = time.time() + 8.0  # after every worker has imported JAX and compiled
   from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
   env = cpu_devices.single_thread_environment(

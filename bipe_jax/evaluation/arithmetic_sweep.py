@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from bipe_jax.tasks import arithmetic
 from bipe_jax.tasks import modular_expressions as expressions
+from bipe_jax.training import run_record
 
 CURVE_FILE = 'convergence.json'
 RESULTS_FILE = 'arithmetic_sweep.json'
@@ -99,20 +100,6 @@ def stop_reason(accuracies: Sequence[float], steps: int, plan: SweepPlan) -> str
   return None
 
 
-def _read_json(path: str) -> dict | None:
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
-
-
-def _write_json(path: str, doc: dict):
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(doc, f, indent=2)
-  os.replace(tmp, path)
-
-
 TrainFn = Callable[..., object]  # train_fn(config, workdir): trains to config.train.steps
 AccuracyFn = Callable[..., list]  # accuracy_fn(workdir, problems) -> [LengthAccuracy]
 
@@ -124,7 +111,7 @@ def train_to_convergence(config, workdir: str, plan: SweepPlan, *, train_fn: Tra
   A curve already in the workdir is continued (or returned when it has stopped)."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, CURVE_FILE)
-  curve = _read_json(path) or {'steps': [], 'accuracy': [], 'stopped': None}
+  curve = run_record.read_json(path) or {'steps': [], 'accuracy': [], 'stopped': None}
   settings = arithmetic.settings_from_config(config.data)
   n = settings.train_max_ops
   problems = arithmetic.problems_by_length(settings, 'test', plan.per_length, num_ops=[n])
@@ -136,7 +123,7 @@ def train_to_convergence(config, workdir: str, plan: SweepPlan, *, train_fn: Tra
     curve['steps'].append(steps)
     curve['accuracy'].append(acc)
     curve['stopped'] = stop_reason(curve['accuracy'], steps, plan)
-    _write_json(path, curve)
+    run_record.write_text_atomic(path, json.dumps(curve, indent=2))
     log(f'{os.path.basename(workdir)}: step {steps}, accuracy at {n} operators {acc:.3f}'
         + (f' -> stop ({curve["stopped"]})' if curve['stopped'] else ''))
   return curve
@@ -162,7 +149,7 @@ def sweep(plan: SweepPlan, base_config, root: str, *, train_fn: TrainFn, accurac
     doc['runs'].append({'name': name, 'encoding': encoding, 'layers': layers, 'max_ops': n,
                         'steps': curve['steps'][-1], 'stopped': curve['stopped'],
                         'curve': curve, 'results': [r.to_dict() for r in results]})
-    _write_json(os.path.join(root, RESULTS_FILE), doc)
+    run_record.write_text_atomic(os.path.join(root, RESULTS_FILE), json.dumps(doc, indent=2))
     log(f'{name}: done at step {curve["steps"][-1]} ({curve["stopped"]})')
   return doc
 

@@ -29,8 +29,7 @@ class CpuDevicesError(ValueError):
 
 def _user_set_threads(environ) -> bool:
   flags = environ.get('XLA_FLAGS', '')
-  return (THREAD_POOL_SIZE_VARIABLE in environ or 'intra_op_parallelism_threads' in flags
-          or 'xla_cpu_multi_thread_eigen' in flags)
+  return THREAD_POOL_SIZE_VARIABLE in environ or 'xla_cpu_multi_thread_eigen' in flags
 
 
 def single_thread_environment(environ) -> dict:
