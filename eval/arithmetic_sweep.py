@@ -5,7 +5,8 @@
       --config.model.hidden_size=128
 
 Every (encoding, layers, N) run is trained on problems of 1..N operators until its held-out
-accuracy at N converges, then scored at 1..N+extra_ops operators; rerunning the command resumes.
+accuracy at N converges, then scored at 1..N+extra_ops operators; rerunning the command resumes
+(and, with a higher --max_steps, continues the runs stopped at the old cap).
 All logic lives in bipe_jax.evaluation.arithmetic_sweep (docs/arithmetic_task.md).
 """
 

@@ -1,5 +1,6 @@
 """The arithmetic sweep driver: grid, per-run config, stopping rule, resume, tables, plumbing."""
 
+import dataclasses
 import json
 import os
 
@@ -78,6 +79,36 @@ def test_train_to_convergence_stops_on_a_plateau_and_resumes_from_its_curve(tmp_
   assert S.train_to_convergence(config, workdir, plan, train_fn=again.train,
                                 accuracy_fn=again.accuracy, log=lambda s: None) == curve
   assert again.trained == []  # a stopped run is not trained again
+
+
+def test_a_raised_max_steps_continues_a_capped_run_but_not_a_plateaued_one(tmp_path):
+  config = S.run_config(arithmetic_tiny.get_config(), 'rope', 1, 4, S.SweepPlan())
+  quiet = lambda s: None  # pylint: disable=unnecessary-lambda-assignment
+  rising = FakeTraining(lambda s: s / 1000)
+  capped = S.SweepPlan(chunk_steps=100, patience=2, max_steps=200, per_length=3)
+  workdir = str(tmp_path / 'rising')
+  curve = S.train_to_convergence(config, workdir, capped, train_fn=rising.train,
+                                 accuracy_fn=rising.accuracy, log=quiet)
+  assert curve['stopped'] == 'max_steps' and curve['steps'] == [100, 200]
+  raised = dataclasses.replace(capped, max_steps=400)
+  logged = []
+  curve = S.train_to_convergence(config, workdir, raised, train_fn=rising.train,
+                                 accuracy_fn=rising.accuracy, log=logged.append)
+  assert curve == {'steps': [100, 200, 300, 400], 'accuracy': [0.1, 0.2, 0.3, 0.4],
+                   'stopped': 'max_steps'}
+  assert [s for _, s in rising.trained] == [100, 200, 300, 400]  # from the checkpoint on
+  assert 'continuing to max_steps=400' in logged[0]
+  # A curve that already meets the new plan's plateau rule (patience 2) stays stopped.
+  flat = FakeTraining(lambda s: 0.5)
+  workdir = str(tmp_path / 'flat')
+  capped3 = dataclasses.replace(capped, max_steps=300, patience=3)
+  assert S.train_to_convergence(config, workdir, capped3, train_fn=flat.train,
+                                accuracy_fn=flat.accuracy, log=quiet)['stopped'] == 'max_steps'
+  again = FakeTraining(lambda s: 1.0)
+  curve = S.train_to_convergence(config, workdir, raised, train_fn=again.train,
+                                 accuracy_fn=again.accuracy, log=quiet)
+  assert curve['stopped'] == 'plateau' and curve['steps'] == [100, 200, 300]
+  assert again.trained == []
 
 
 def test_sweep_writes_every_run_and_formats_the_tables(tmp_path, capsys):

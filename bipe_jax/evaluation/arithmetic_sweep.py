@@ -7,7 +7,8 @@ problems after every chunk, until it converges (`stop_reason`: the accuracy reac
 `target_accuracy`, or the best accuracy of the last `patience` checks is not `min_delta` above
 the best before them, or `max_steps`). Then it scores every count 1..N + `extra_ops` on
 `final_per_length` problems. Each run's learning curve is `<root>/<run>/convergence.json`, so a
-stopped sweep resumes where it was; the whole result is `<root>/arithmetic_sweep.json` and two
+stopped sweep resumes where it was, and rerunning with a higher `max_steps` continues the runs
+stopped at the old cap; the whole result is `<root>/arithmetic_sweep.json` and two
 markdown tables (accuracy at N by depth, accuracy by operator count at the largest depth).
 
     python eval/arithmetic_sweep.py --root=runs/arith_sweep
@@ -108,10 +109,17 @@ def train_to_convergence(config, workdir: str, plan: SweepPlan, *, train_fn: Tra
                          accuracy_fn: AccuracyFn, log: Callable[[str], None] = print) -> dict:
   """Trains `config` in `workdir` chunk by chunk until `stop_reason`; returns (and keeps in
   `<workdir>/convergence.json`) {'steps': [...], 'accuracy': [...], 'stopped': reason}.
-  A curve already in the workdir is continued (or returned when it has stopped)."""
+  A curve already in the workdir is continued, or returned when it has stopped; one stopped
+  by an earlier, lower `max_steps` continues under this plan's cap, unless its checks already
+  meet this plan's target or plateau rule."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, CURVE_FILE)
   curve = run_record.read_json(path) or {'steps': [], 'accuracy': [], 'stopped': None}
+  if curve['stopped'] == 'max_steps' and curve['steps'][-1] < plan.max_steps:
+    curve['stopped'] = stop_reason(curve['accuracy'], curve['steps'][-1], plan)
+    if not curve['stopped']:
+      log(f'{os.path.basename(workdir)}: stopped at the cap of step {curve["steps"][-1]}; '
+          f'continuing to max_steps={plan.max_steps}')
   settings = arithmetic.settings_from_config(config.data)
   n = settings.train_max_ops
   problems = arithmetic.problems_by_length(settings, 'test', plan.per_length, num_ops=[n])
