@@ -109,6 +109,7 @@ def test_a_raised_max_steps_continues_a_capped_run_but_not_a_plateaued_one(tmp_p
                                  accuracy_fn=again.accuracy, log=quiet)
   assert curve['stopped'] == 'plateau' and curve['steps'] == [100, 200, 300]
   assert again.trained == []
+  assert json.load(open(os.path.join(workdir, S.CURVE_FILE)))['stopped'] == 'plateau'
 
 
 def test_sweep_writes_every_run_and_formats_the_tables(tmp_path, capsys):

@@ -117,6 +117,7 @@ def train_to_convergence(config, workdir: str, plan: SweepPlan, *, train_fn: Tra
   curve = run_record.read_json(path) or {'steps': [], 'accuracy': [], 'stopped': None}
   if curve['stopped'] == 'max_steps' and curve['steps'][-1] < plan.max_steps:
     curve['stopped'] = stop_reason(curve['accuracy'], curve['steps'][-1], plan)
+    run_record.write_text_atomic(path, json.dumps(curve, indent=2))  # the file says why, too
     if not curve['stopped']:
       log(f'{os.path.basename(workdir)}: stopped at the cap of step {curve["steps"][-1]}; '
           f'continuing to max_steps={plan.max_steps}')
