@@ -29,6 +29,10 @@ def _models(name, **extra):
   return unrolled, scanned
 
 
+def _init(model, seed):
+  return nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), TOKENS)['params'])
+
+
 def _loss(model, params):
   logits = model.apply({'params': params}, TOKENS)
   return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]),
@@ -39,23 +43,23 @@ def _loss(model, params):
                                         ('dape_kerple', {}), ('fire', {})])
 def test_scanned_equals_unrolled_in_logits_and_gradients(name, extra):
   unrolled, scanned = _models(name, **extra)
-  params = nn.meta.unbox(unrolled.init(jax.random.PRNGKey(0), TOKENS)['params'])
+  params = _init(unrolled, 0)
   stacked = model_lib.stack_layer_params(params, 3)
-  own = nn.meta.unbox(scanned.init(jax.random.PRNGKey(0), TOKENS)['params'])
+  own = nn.meta.unbox(jax.eval_shape(scanned.init, jax.random.PRNGKey(0), TOKENS)['params'])
   chex.assert_trees_all_equal_shapes(stacked, own)  # the converter gives the scanned layout
   for apply in (lambda m, p: m.apply({'params': p}, TOKENS),
                 jax.jit(lambda m, p: m.apply({'params': p}, TOKENS), static_argnums=0)):
     np.testing.assert_allclose(apply(scanned, stacked), apply(unrolled, params),
                                rtol=1e-5, atol=1e-5)
-  g_unrolled = jax.grad(functools.partial(_loss, unrolled))(params)
-  g_scanned = jax.grad(functools.partial(_loss, scanned))(stacked)
+  g_unrolled = jax.jit(jax.grad(functools.partial(_loss, unrolled)))(params)
+  g_scanned = jax.jit(jax.grad(functools.partial(_loss, scanned)))(stacked)
   chex.assert_trees_all_close(model_lib.unstack_layer_params(g_scanned), g_unrolled,
                               rtol=1e-4, atol=1e-6)
 
 
 def test_layouts_round_trip_and_match():
   unrolled, _ = _models('bipe_rope')
-  params = nn.meta.unbox(unrolled.init(jax.random.PRNGKey(1), TOKENS)['params'])
+  params = _init(unrolled, 1)
   stacked = model_lib.stack_layer_params(params, 3)
   chex.assert_shape(stacked['layers']['attention']['query']['kernel'], (3, 32, 4, 8))
   chex.assert_trees_all_equal(model_lib.unstack_layer_params(stacked), params)
@@ -73,7 +77,7 @@ def test_layouts_round_trip_and_match():
 
 def test_scanned_decoding_equals_unrolled_decoding():
   unrolled, scanned = _models('bipe_rope')
-  params = nn.meta.unbox(unrolled.init(jax.random.PRNGKey(2), TOKENS)['params'])
+  params = _init(unrolled, 2)
   prompt = TOKENS[:, :7]
   want = generation.generate(unrolled, params, prompt, max_new_tokens=6)
   got = generation.generate(scanned, model_lib.stack_layer_params(params, 3), prompt,
