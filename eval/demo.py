@@ -42,6 +42,8 @@ _DATA_DIR = flags.DEFINE_string('data_dir', _D.data_dir, 'Where the embedded cor
 
 
 def main(argv):
+  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
+  host_malloc.keep_freed_memory()  # before JAX starts its threads
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   try:

@@ -33,6 +33,8 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   del argv
   from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
+  host_malloc.keep_freed_memory()  # before JAX starts its threads
   try:
     cpu_devices.use_cpu_devices(_CPU_DEVICES.value)
   except cpu_devices.CpuDevicesError as e:
