@@ -13,7 +13,8 @@ minor page fault. Measured on the project's 2-core machine (tiny preset, batch 3
 (M_MMAP_MAX=0) and no trimming of the heap's top (M_TRIM_THRESHOLD at its maximum). The price is
 that the process keeps the memory of its peak until it exits, which a training or evaluation
 run reaches again every step anyway. Call it first thing in a process, before JAX starts its
-backend threads (train/main.py, eval/*.py and the benchmarks do); later calls do nothing.
+backend threads (train/main.py and eval/*.py do, and the benchmarks that time a training step,
+through benchmarks/jax_step.use_cpu_devices); later calls do nothing.
 
 A user's own malloc settings win: when any of GLIBC_TUNABLES or the MALLOC_*_ variables is in the
 environment, nothing is changed. On a C library other than glibc (macOS, musl) it does nothing.
