@@ -9,6 +9,7 @@ import pytest
 
 from bipe_jax.training import host_malloc
 
+pytestmark = pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc only')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Allocates, touches and frees a 64 MiB buffer 10 times; prints what keep_freed_memory said and
@@ -40,7 +41,6 @@ def _probe(mode, **extra_env):
   return said, int(faults)
 
 
-@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc only')
 def test_freed_buffers_are_reused_instead_of_faulted_in_again():
   said, plain = _probe('untouched')
   assert plain >= 9 * PAGES_PER_PASS  # glibc's default: every pass faults its pages in again
@@ -54,3 +54,18 @@ def test_a_users_own_malloc_settings_win():
   assert said == 'user settings kept' and faults >= 9 * PAGES_PER_PASS
   assert host_malloc.user_chose_malloc({'GLIBC_TUNABLES': 'glibc.malloc.arena_max=2'})
   assert not host_malloc.user_chose_malloc({'PATH': '/bin', 'XLA_FLAGS': ''})
+
+
+def test_a_refused_setting_is_a_warning_not_a_stopped_run(monkeypatch, caplog):
+  class RefusingLibc:
+    def mallopt(self, param, value):
+      del value
+      return 0 if param == host_malloc.M_ARENA_MAX else 1
+  monkeypatch.setattr(host_malloc, '_applied', None)
+  monkeypatch.setattr(host_malloc.ctypes, 'CDLL', lambda name: RefusingLibc())
+  for name in host_malloc.USER_MALLOC_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
+  said = host_malloc.keep_freed_memory()
+  assert said.startswith('mallopt refused parameters [-8]')
+  assert 'freed host memory may be faulted in again' in caplog.text
+  assert host_malloc.keep_freed_memory() == said  # decided once per process

@@ -23,6 +23,7 @@ environment, nothing is changed. On a C library other than glibc (macOS, musl) i
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import platform
 
@@ -50,7 +51,8 @@ def keep_freed_memory(environ=None) -> str:
   """Applies the settings above once per process; returns what it did, in words.
 
   'applied' (this call or an earlier one), 'user settings kept' (a variable of
-  USER_MALLOC_VARIABLES is set), or 'not glibc'.
+  USER_MALLOC_VARIABLES is set), 'not glibc', or which parameters glibc refused (logged as a
+  warning; nothing else changes, the run goes on at the default's speed).
   """
   global _applied  # pylint: disable=global-statement
   if _applied is not None:
@@ -62,7 +64,8 @@ def keep_freed_memory(environ=None) -> str:
   else:
     libc = ctypes.CDLL(None)
     failed = [param for param, value in SETTINGS if libc.mallopt(param, value) != 1]
-    if failed:
-      raise OSError(f'mallopt refused parameters {failed} (glibc {platform.libc_ver()[1]})')
     _applied = 'applied'
+    if failed:  # a speed setting: the run goes on without it, and says so
+      _applied = f'mallopt refused parameters {failed} (glibc {platform.libc_ver()[1]})'
+      logging.warning('host_malloc: %s; freed host memory may be faulted in again', _applied)
   return _applied
