@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CORE_STAMP := $(VENV)/.core-installed
 TEST_STAMP := $(VENV)/.test-installed
 
-.PHONY: test test-fast demo setup clean
+.PHONY: test test-fast demo demo-all setup clean
 
 # What the library, training and the demo need (requirements.txt only).
 $(CORE_STAMP): requirements.txt pyproject.toml
@@ -30,8 +30,12 @@ test: $(TEST_STAMP)
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
+# rope and bipe_rope; demo-all adds alibi and bipe_alibi (reusing the first two runs).
 demo: $(CORE_STAMP)
 	$(PY) eval/demo.py --output_dir=demo_out
+
+demo-all: $(CORE_STAMP)
+	$(PY) eval/demo.py --output_dir=demo_out --encodings=rope,bipe_rope,alibi,bipe_alibi
 
 clean:
 	rm -rf $(VENV) demo_out

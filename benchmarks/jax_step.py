@@ -109,8 +109,8 @@ def _make_project_step(preset, overrides, *, seed, devices=1):
   seq_len, batch = int(config.data.seq_len), int(config.train.batch_size)
   state, shardings = state_lib.create_train_state(model, tx, mesh, seq_len, seed)
   with state_lib.mesh_context(mesh):
-    jitted = step_lib.make_train_step(model, tx, schedule, mesh, shardings,
-                                      pad_id=mc.pad_id)
+    jitted = step_lib.make_train_step(model, tx, schedule, mesh, shardings, pad_id=mc.pad_id,
+                                      loss_chunk_tokens=config.train.loss_chunk_tokens)
   tokens = jax.random.randint(jax.random.PRNGKey(seed + 1), (batch, seq_len), 0,
                               mc.vocab_size, dtype=jnp.int32)
   data = {'tokens': jax.device_put(tokens, mesh_lib.batch_sharding(mesh))}

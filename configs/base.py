@@ -86,6 +86,10 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.eps = 1e-8
   t.grad_clip = 1.0  # global-norm clipping; 0 = off
   t.grad_accum_steps = 1  # micro-batches per step (a scan inside the step); batch_size is global
+  # The lm head and the loss in chunks of at most this many positions per batch shard, their
+  # gradients in the same pass (training/chunked_loss.py): no [B, T, V] logits. 0 = the plain
+  # logits. 512 measured fastest on this project's CPU; on an accelerator more per chunk is fine.
+  t.loss_chunk_tokens = 512
   # Logical data shards: the global batch is the concatenation of `data_shards` pipelines, each
   # process reading its share; the same value gives the same batches for any process count
   # (and lets a run resume on another process count). 0 = one shard per data-loading process.

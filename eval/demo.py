@@ -1,5 +1,5 @@
 """What `make demo` runs: the embedded corpus, rope and bipe_rope (alibi and bipe_alibi are one
-flag away) trained with one budget at a short length on the tiny preset, evaluated at 1x..16x
+flag away: `make demo-all`) trained with one budget at a short length on the tiny preset, evaluated at 1x..16x
 that length; one table side by side, the paper's claims checked, JSON, Markdown and a PNG.
 
   python eval/demo.py --output_dir=demo_out [--encodings=rope,bipe_rope,alibi,bipe_alibi]

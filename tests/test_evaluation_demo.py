@@ -1,6 +1,7 @@
 """The demo's plan: the training command it runs, validation, the estimate and the report."""
 
 import math
+import os
 
 import pytest
 
@@ -109,3 +110,24 @@ def test_markdown_report_has_table_command_and_date():
   assert plan.budget_line() in md
   assert '| length | tokens scored | rope | bipe_rope |' in md
   assert f'| 64 | 126 | {math.exp(2.0):.2f} | {math.exp(1.5):.2f} |' in md
+
+
+def test_make_demo_trains_the_rope_pair_and_demo_all_adds_the_alibi_pair():
+  """`make demo` (no --encodings) trains rope and bipe_rope; `make demo-all` names all four
+  encodings, into the same output folder (so it reuses the two runs `make demo` made)."""
+  assert demo.DemoPlan().encodings == ('rope', 'bipe_rope')
+  with open(os.path.join(demo.ROOT, 'Makefile')) as f:
+    recipes = {}
+    target = None
+    for line in f:
+      if line and not line[0].isspace() and ':' in line:
+        target = line.split(':')[0]
+      elif line.startswith('\t') and target:
+        recipes.setdefault(target, []).append(line.strip())
+  (demo_cmd,), (all_cmd,) = recipes['demo'], recipes['demo-all']
+  assert '--encodings' not in demo_cmd
+  flag = [a for a in all_cmd.split() if a.startswith('--encodings=')][0]
+  assert demo.parse_names(flag.split('=', 1)[1]) == demo.ALL_ENCODINGS
+  assert set(demo.ALL_ENCODINGS) >= set(demo.DEFAULT_ENCODINGS)
+  out_dir = lambda cmd: [a for a in cmd.split() if a.startswith('--output_dir=')]
+  assert out_dir(demo_cmd) == out_dir(all_cmd) == ['--output_dir=demo_out']

@@ -33,7 +33,8 @@ def validate_train(t) -> None:
   """Checks config.train (no device information needed)."""
   for name, minimum in (('steps', 1), ('batch_size', 1), ('warmup_steps', 0),
                         ('grad_accum_steps', 1), ('log_every', 1), ('seed', 0),
-                        ('data_shards', 0), ('eval_every', 0), ('eval_tokens', 1)):
+                        ('data_shards', 0), ('eval_every', 0), ('eval_tokens', 1),
+                        ('loss_chunk_tokens', 0)):
     value = t[name]
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
              f'train.{name}', value, f'must be an integer >= {minimum}')

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from bipe_jax import model as model_lib
+from bipe_jax.training import chunked_loss
 from bipe_jax.training import mesh as mesh_lib
 from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training.train_state import TrainState
@@ -50,33 +52,54 @@ def next_token_nll(logits_BxTxV: jax.Array, tokens_BxT: jax.Array,
   (9% of the tiny preset's step, benchmarks/README.md).
   """
   logits = logits_BxTxV.astype(jnp.float32)
-  targets = jnp.roll(tokens_BxT, -1, axis=1)
+  targets, valid = scored_targets(tokens_BxT, pad_id, loss_mask_BxT)
   nll = token_nll(logits, targets)
+  return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid).astype(jnp.float32)
+
+
+def scored_targets(tokens_BxT: jax.Array, pad_id: int = -1,
+                   loss_mask_BxT=None) -> tuple[jax.Array, jax.Array]:
+  """(targets [B, T] = tokens rolled left by one, valid [B, T] bool): which positions the
+  next-token loss scores (not the last column, not a pad target, not a masked-out target)."""
+  targets = jnp.roll(tokens_BxT, -1, axis=1)
   valid = jnp.arange(tokens_BxT.shape[1])[None, :] < tokens_BxT.shape[1] - 1
   if pad_id >= 0:
     valid = valid & (targets != pad_id)
   if loss_mask_BxT is not None:
     valid = valid & jnp.roll(loss_mask_BxT.astype(bool), -1, axis=1)
-  valid = jnp.broadcast_to(valid, targets.shape)
-  return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid).astype(jnp.float32)
+  return targets, jnp.broadcast_to(valid, targets.shape)
 
 
 def train_step(state: TrainState, batch: dict, *, model: nn.Module,
                tx: optax.GradientTransformation, schedule: Callable, grad_accum_steps: int = 1,
-               pad_id: int = -1) -> tuple[TrainState, dict]:
+               pad_id: int = -1, loss_chunk_tokens: int = 0,
+               batch_shards: int = 1) -> tuple[TrainState, dict]:
   """One optimizer update on a global batch {'tokens': int32 [B, T], 'loss_mask'?: [B, T]}.
 
   With grad_accum_steps = A > 1 the batch is split into A micro-batches (rows r with
   r % A == j form micro-batch j, so each stays spread over all data shards) and the summed
   gradients of a lax.scan are divided by the total target count: the update equals the
   A = 1 update up to float rounding.
+
+  loss_chunk_tokens > 0 applies the lm head and the loss together in chunks of at most that
+  many positions per batch shard (`batch_shards` of them; training/chunked_loss.py): no
+  [B, T, V] logits, same loss and gradients up to float rounding. 0 = the model's logits.
   """
   batch = {k: v for k, v in batch.items() if k in ('tokens', 'loss_mask')}
 
   def loss_sum(params, micro_batch):
     tokens_bxT = micro_batch['tokens']
-    logits = model.apply({'params': params}, tokens_bxT)
-    return next_token_nll(logits, tokens_bxT, pad_id, micro_batch.get('loss_mask'))
+    if not loss_chunk_tokens:
+      logits = model.apply({'params': params}, tokens_bxT)
+      return next_token_nll(logits, tokens_bxT, pad_id, micro_batch.get('loss_mask'))
+    hidden = model.apply({'params': params}, tokens_bxT, return_hidden=True)
+    targets, valid = scored_targets(tokens_bxT, pad_id, micro_batch.get('loss_mask'))
+    b, t = tokens_bxT.shape
+    tc = chunked_loss.chunk_length(max(1, b // batch_shards), t, loss_chunk_tokens)
+    nll_sum = chunked_loss.lm_head_nll_sum(
+        hidden, params['lm_head']['kernel'], targets, valid.astype(jnp.float32), tc,
+        model.config.compute_dtype)
+    return nll_sum, jnp.sum(valid).astype(jnp.float32)
 
   grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
   if grad_accum_steps == 1:
@@ -108,13 +131,18 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
 
 
 def make_train_step(model, tx, schedule, mesh, shardings: TrainState, *,
-                    grad_accum_steps: int = 1, pad_id: int = -1):
+                    grad_accum_steps: int = 1, pad_id: int = -1, loss_chunk_tokens: int = 0):
   """The jitted step: in/out shardings on `mesh`, the incoming state donated.
 
   Call it inside `train_state.mesh_context(mesh)` (the model's logical constraints need the
-  mesh and the rules while tracing).
+  mesh and the rules while tracing). `loss_chunk_tokens` applies to bipe_jax's Transformer; any
+  other model (one that only returns logits) gets the plain loss.
   """
+  if not isinstance(model, model_lib.Transformer):
+    loss_chunk_tokens = 0
   fn = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                         grad_accum_steps=grad_accum_steps, pad_id=pad_id)
+                         grad_accum_steps=grad_accum_steps, pad_id=pad_id,
+                         loss_chunk_tokens=loss_chunk_tokens,
+                         batch_shards=mesh_lib.batch_shards(mesh))
   return jax.jit(fn, in_shardings=(shardings, mesh_lib.batch_sharding(mesh)),
                  out_shardings=(shardings, mesh_lib.replicated(mesh)), donate_argnums=0)

@@ -250,7 +250,8 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
     if stats_message:
       logger.event(stats_message)
     step_fn = train_step_lib.make_train_step(
-        model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps, pad_id=pad_id)
+        model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps, pad_id=pad_id,
+        loss_chunk_tokens=t.get('loss_chunk_tokens', 0))
 
     losses = {}
     saved = [s for s in checkpointer.all_steps()]
