@@ -104,9 +104,10 @@ def test_markdown_report_has_table_command_and_date():
       {'label': 'bipe_rope',
        'results': [dict(length=64, blocks=2, tokens=126, nll_sum=126 * 1.5)]}]}
   md = demo.markdown_report(plan, doc, command='python eval/demo.py', wall_seconds=600,
-                            train_seconds={'rope': 100, 'bipe_rope': 110},
+                            train_seconds={'rope': 100, 'bipe_rope': 0.0},
                             eval_seconds={'rope': 5, 'bipe_rope': 6})
   assert '2026-11-22' in md and '`python eval/demo.py`' in md and '10.0 min' in md
+  assert 'rope 100 s + eval 5 s, bipe_rope reused from an earlier run + eval 6 s' in md
   assert plan.budget_line() in md
   assert '| length | tokens scored | rope | bipe_rope |' in md
   assert f'| 64 | 126 | {math.exp(2.0):.2f} | {math.exp(1.5):.2f} |' in md

@@ -235,8 +235,9 @@ def markdown_report(plan: DemoPlan, document: dict, *, command: str, wall_second
   from bipe_jax.evaluation import perplexity as ppl  # pylint: disable=g-import-not-at-top
   results = {e['label']: [ppl.LengthResult(r['length'], r['blocks'], r['tokens'], r['nll_sum'])
                           for r in e['results']] for e in document['runs']}
-  timing = ', '.join(f'{k} {train_seconds[k]:.0f} s + eval {eval_seconds[k]:.0f} s'
-                     for k in train_seconds)
+  trained = lambda k: (f'{train_seconds[k]:.0f} s' if train_seconds[k] else  # 0: train_run
+                       'reused from an earlier run')                           # reused it
+  timing = ', '.join(f'{k} {trained(k)} + eval {eval_seconds[k]:.0f} s' for k in train_seconds)
   comparison = paper_comparison(plan, {k: {r.length: r.perplexity for r in v}
                                        for k, v in results.items()})
   return '\n'.join([
