@@ -8,9 +8,9 @@ never leave the cache, and the backward pass only scales the stored gradients by
 cotangent. Same three matmuls as the plain loss, no [B, T, V] array at all (the memory of the
 logits on an accelerator becomes the memory of one chunk).
 
-Measured on this project's 2-core CPU (one single-threaded device, 2,048 tokens, width 128,
-vocab 4,096; value and gradients of the head plus loss): 120-128 ms plain, 93-98 ms in chunks
-of 128-512 tokens, 115-127 ms at 1,024 (benchmarks/README.md).
+Measured on this project's 2-core CPU (one thread, 2,048 tokens, width 128, vocab 4,096; value
+and gradients of the head plus loss; benchmarks/head_and_weight_gradient.py): 125.5 ms with the
+logits materialised, 79.1 ms in chunks of 512 tokens, 83.5 at 256, 95.8 at 1,024.
 
 Chunks are cut along the sequence axis, so the batch axis (the one sharded over the data /
 fsdp mesh axes) is never split or merged across shards: each step of the scan sees
