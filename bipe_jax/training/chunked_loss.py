@@ -49,10 +49,18 @@ def _from_chunks(x_NxBxTc_) -> jax.Array:
   return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-def _chunk_logits(h_BxTcxD, kernel_DxV, dtype) -> jax.Array:
-  """float32 logits [B * Tc, V] of one chunk, computed in `dtype` as the model's head does."""
-  h = h_BxTcxD.reshape(-1, h_BxTcxD.shape[-1]).astype(dtype)
-  return (h @ kernel_DxV.astype(dtype)).astype(jnp.float32)
+def _checked_chunks(hidden_BxTxD, targets_BxT, weights_BxT, chunk_len) -> tuple:
+  """Checks the inputs; returns (hidden, targets, weights) as chunks for the scan, each chunk
+  flat: [N, B * Tc, D], [N, B * Tc], [N, B * Tc] float32 (N = T / chunk_len)."""
+  _check(hidden_BxTxD, targets_BxT, weights_BxT, chunk_len)
+  flat = lambda x: _to_chunks(x, chunk_len).reshape(
+      hidden_BxTxD.shape[1] // chunk_len, -1, *x.shape[2:])
+  return flat(hidden_BxTxD), flat(targets_BxT), flat(weights_BxT.astype(jnp.float32))
+
+
+def _chunk_logits(h_NxD, kernel_DxV, dtype) -> jax.Array:
+  """float32 logits [N, V] of one chunk, computed in `dtype` as the model's head does."""
+  return (h_NxD.astype(dtype) @ kernel_DxV.astype(dtype)).astype(jnp.float32)
 
 
 def _chunk_nll(logits_NxV, targets_N):
@@ -90,43 +98,39 @@ def _check(hidden_BxTxD, targets_BxT, weights_BxT, chunk_len):
 
 def _forward(hidden, kernel, targets, weights, chunk_len, dtype):
   """The loss alone (no gradients): what runs when nothing differentiates it."""
-  _check(hidden, targets, weights, chunk_len)
 
   def body(total, chunk):
     h, tgt, w = chunk
-    nll, _, _ = _chunk_nll(_chunk_logits(h, kernel, dtype), tgt.reshape(-1))
-    return total + jnp.sum(nll * w.reshape(-1).astype(jnp.float32)), None
+    nll, _, _ = _chunk_nll(_chunk_logits(h, kernel, dtype), tgt)
+    return total + jnp.sum(nll * w), None
 
-  chunks = (_to_chunks(hidden, chunk_len), _to_chunks(targets, chunk_len),
-            _to_chunks(weights, chunk_len))
+  chunks = _checked_chunks(hidden, targets, weights, chunk_len)
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), chunks)
   return total, None
 
 
 def _forward_with_gradients(hidden, kernel, targets, weights, chunk_len, dtype):
-  _check(hidden, targets, weights, chunk_len)
+  b, t = targets.shape
   vocab = kernel.shape[-1]
   kernel_c = kernel.astype(dtype)
 
   def body(carry, chunk):
     total, d_kernel = carry
     h, tgt, w = chunk
-    tgt_n, w_n = tgt.reshape(-1), w.reshape(-1).astype(jnp.float32)
-    nll, e, row_sum = _chunk_nll(_chunk_logits(h, kernel, dtype), tgt_n)
+    h_c = h.astype(dtype)
+    nll, e, row_sum = _chunk_nll(_chunk_logits(h_c, kernel_c, dtype), tgt)
     # d(sum w * nll) / dlogits = w * (softmax - one_hot), in one pass over the chunk
-    d_logits = ((e / row_sum - (jnp.arange(vocab) == tgt_n[:, None])) * w_n[:, None]
-                ).astype(dtype)
-    h_n = h.reshape(-1, h.shape[-1]).astype(dtype)
-    d_h = (d_logits @ kernel_c.T).reshape(h.shape).astype(hidden.dtype)
-    d_kernel = d_kernel + (h_n.T @ d_logits).astype(jnp.float32)
-    return (total + jnp.sum(nll * w_n), d_kernel), (d_h, nll.reshape(tgt.shape))
+    d_logits = ((e / row_sum - (jnp.arange(vocab) == tgt[:, None])) * w[:, None]).astype(dtype)
+    d_h = (d_logits @ kernel_c.T).astype(hidden.dtype)
+    d_kernel = d_kernel + (h_c.T @ d_logits).astype(jnp.float32)
+    return (total + jnp.sum(nll * w), d_kernel), (d_h, nll)
 
-  chunks = (_to_chunks(hidden, chunk_len), _to_chunks(targets, chunk_len),
-            _to_chunks(weights, chunk_len))
+  chunks = _checked_chunks(hidden, targets, weights, chunk_len)
   init = (jnp.zeros((), jnp.float32), jnp.zeros(kernel.shape, jnp.float32))
   (total, d_kernel), (d_hidden, nll) = jax.lax.scan(body, init, chunks)
-  return total, (_from_chunks(d_hidden), d_kernel.astype(kernel.dtype),
-                 _from_chunks(nll).astype(weights.dtype))
+  unflat = lambda x: _from_chunks(x.reshape(t // chunk_len, b, chunk_len, *x.shape[2:]))
+  return total, (unflat(d_hidden), d_kernel.astype(kernel.dtype),
+                 unflat(nll).astype(weights.dtype))
 
 
 def _backward(chunk_len, dtype, residuals, g):
