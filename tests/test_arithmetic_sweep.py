@@ -112,6 +112,40 @@ def test_a_raised_max_steps_continues_a_capped_run_but_not_a_plateaued_one(tmp_p
   assert json.load(open(os.path.join(workdir, S.CURVE_FILE)))['stopped'] == 'plateau'
 
 
+def test_a_preempted_chunk_stops_the_sweep_without_a_check_and_resumes(tmp_path):
+  from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  plan = S.SweepPlan(encodings=('rope',), layers=(1,), max_ops=(3,), chunk_steps=100,
+                     max_steps=300, per_length=2, final_per_length=2, extra_ops=1)
+
+  class PreemptedAt(FakeTraining):
+    """Trains normally until the chunk ending at `stop`, which SIGTERM cuts at step stop - 40."""
+
+    def __init__(self, stop):
+      super().__init__(lambda s: s / 1000)
+      self.stop = stop
+
+    def train(self, config, workdir):
+      super().train(config, workdir)
+      done = config.train.steps
+      preempted = done == self.stop
+      return trainer.TrainResult(step=done - 40 if preempted else done, start_step=0, losses={},
+                                 preempted=preempted, checkpoint_steps=[])
+
+  cut = PreemptedAt(stop=200)
+  with pytest.raises(S.SweepPreempted, match=r'rope_L1_N3: preempted at step 160 .* step 200'):
+    S.sweep(plan, arithmetic_tiny.get_config(), str(tmp_path), train_fn=cut.train,
+            accuracy_fn=cut.accuracy, log=lambda s: None)
+  assert cut.scored == [[3]]  # the check after step 100 only: none for the cut chunk
+  curve_path = tmp_path / 'rope_L1_N3' / S.CURVE_FILE
+  assert json.load(open(curve_path)) == {'steps': [100], 'accuracy': [0.1], 'stopped': None}
+  assert not (tmp_path / S.RESULTS_FILE).exists()  # no final scoring of a half-trained run
+  again = PreemptedAt(stop=None)
+  doc = S.sweep(plan, arithmetic_tiny.get_config(), str(tmp_path), train_fn=again.train,
+                accuracy_fn=again.accuracy, log=lambda s: None)
+  assert [s for _, s in again.trained] == [200, 300]  # the cut chunk again, from its checkpoint
+  assert doc['runs'][0]['curve']['steps'] == [100, 200, 300]
+
+
 def test_sweep_writes_every_run_and_formats_the_tables(tmp_path, capsys):
   plan = S.SweepPlan(encodings=('rope', 'bipe_rope'), layers=(1, 2), max_ops=(3,),
                      chunk_steps=50, max_steps=100, per_length=2, final_per_length=2,

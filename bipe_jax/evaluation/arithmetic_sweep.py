@@ -10,6 +10,9 @@ the best before them, or `max_steps`). Then it scores every count 1..N + `extra_
 stopped sweep resumes where it was, and rerunning with a higher `max_steps` continues the runs
 stopped at the old cap; the whole result is `<root>/arithmetic_sweep.json` and two
 markdown tables (accuracy at N by depth, accuracy by operator count at the largest depth).
+A run preempted mid-chunk (SIGTERM: the trainer saves a checkpoint and returns) stops the sweep
+with `SweepPreempted` before its check is taken, so no accuracy is recorded for steps that were
+not trained; the same command resumes from that checkpoint.
 
     python eval/arithmetic_sweep.py --root=runs/arith_sweep
 """
@@ -102,6 +105,11 @@ def stop_reason(accuracies: Sequence[float], steps: int, plan: SweepPlan) -> str
 
 
 TrainFn = Callable[..., object]  # train_fn(config, workdir): trains to config.train.steps
+#   and returns an object whose `preempted` / `step` say whether it stopped early (TrainResult)
+
+
+class SweepPreempted(RuntimeError):
+  """Training was preempted mid-chunk: the checkpoint is saved, the chunk's check not taken."""
 AccuracyFn = Callable[..., list]  # accuracy_fn(workdir, problems) -> [LengthAccuracy]
 
 
@@ -127,7 +135,12 @@ def train_to_convergence(config, workdir: str, plan: SweepPlan, *, train_fn: Tra
   while not curve['stopped']:
     steps = (curve['steps'][-1] if curve['steps'] else 0) + plan.chunk_steps
     config.train.steps = steps
-    train_fn(config, workdir)
+    trained = train_fn(config, workdir)
+    if getattr(trained, 'preempted', False):
+      raise SweepPreempted(
+          f'{os.path.basename(workdir)}: preempted at step {getattr(trained, "step", "?")} of the '
+          f'chunk to step {steps}; its checkpoint is saved and no check was recorded for it; '
+          'rerun the same command to resume')
     acc = accuracy_fn(workdir, problems)[0].accuracy
     curve['steps'].append(steps)
     curve['accuracy'].append(acc)
@@ -206,7 +219,8 @@ def workdir_accuracy(workdir: str, problems: dict, *, batch_size: int = 100) -> 
 
 def main(plan: SweepPlan, base_config, root: str) -> int:
   """What eval/arithmetic_sweep.py runs: the sweep with the project's trainer, the tables on
-  stdout; a bad config or plan is one line on stderr and exit code 2."""
+  stdout; a bad config or plan is one line on stderr and exit code 2; a preemption (SIGTERM) one
+  line on stderr and exit code 0, as train/main.py (the checkpoint is saved)."""
   import sys  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
@@ -216,6 +230,9 @@ def main(plan: SweepPlan, base_config, root: str) -> int:
   except (ValueError, config_validation.ConfigError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
+  except SweepPreempted as e:
+    print(f'stopped: {e}', file=sys.stderr, flush=True)
+    return 0
   print('\nexact-match accuracy of the final answer at N operators (held-out problems):')
   print(format_tables(doc), flush=True)
   print(f'wrote {os.path.join(root, RESULTS_FILE)}')
