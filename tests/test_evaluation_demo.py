@@ -132,3 +132,54 @@ def test_make_demo_trains_the_rope_pair_and_demo_all_adds_the_alibi_pair():
   assert set(demo.ALL_ENCODINGS) >= set(demo.DEFAULT_ENCODINGS)
   out_dir = lambda cmd: [a for a in cmd.split() if a.startswith('--output_dir=')]
   assert out_dir(demo_cmd) == out_dir(all_cmd) == ['--output_dir=demo_out']
+
+
+def _fake_training(monkeypatch, script: str):
+  """Makes the demo's training subprocess `python -c script` (run in the run's workdir)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(demo.DemoPlan, 'train_command',
+                      lambda self, e: [sys.executable, '-c', script, self.workdir(e)])
+  monkeypatch.setattr(demo, '_stopping', __import__('threading').Event())
+
+
+_SAVE_AT = ('import os, sys\n'
+            'def save(step):\n'
+            '  os.makedirs(os.path.join(sys.argv[1], "checkpoints", str(step)))\n')
+
+
+def test_a_run_that_ends_before_its_last_step_is_not_evaluated(tmp_path, monkeypatch):
+  _fake_training(monkeypatch, _SAVE_AT + 'save(7)\n')  # exit code 0, as a preempted trainer
+  plan = demo.DemoPlan(steps=40, output_dir=str(tmp_path))
+  with pytest.raises(RuntimeError, match='training rope stopped at step 7 of 40 .*preempted'):
+    demo.train_run(plan, 'rope', log=lambda s: None)
+  _fake_training(monkeypatch, _SAVE_AT + 'save(40)\n')
+  assert demo.train_run(plan, 'rope', log=lambda s: None) > 0  # the finished run passes
+
+
+def test_sigterm_reaches_the_training_runs_and_no_new_run_starts(tmp_path, monkeypatch):
+  import threading  # pylint: disable=g-import-not-at-top
+  _fake_training(monkeypatch, _SAVE_AT + (
+      'import signal, time\n'
+      'signal.signal(signal.SIGTERM, lambda *_: (save(3), sys.exit(0)))\n'
+      'print("ready", flush=True)\n'
+      'time.sleep(60)\n'
+      'save(40)\n'))
+  plan = demo.DemoPlan(steps=40, output_dir=str(tmp_path))
+  ready, errors = threading.Event(), []
+
+  def train():
+    try:
+      demo.train_run(plan, 'rope', log=lambda s: ready.set() if s.endswith('ready') else None)
+    except RuntimeError as e:
+      errors.append(str(e))
+
+  worker = threading.Thread(target=train)
+  worker.start()
+  assert ready.wait(30)
+  demo.terminate_training_runs()
+  worker.join(30)
+  assert not worker.is_alive()
+  assert len(errors) == 1 and 'stopped at step 3 of 40' in errors[0]
+  with pytest.raises(RuntimeError, match='stopped .SIGTERM. before training bipe_rope'):
+    demo.train_run(plan, 'bipe_rope', log=lambda s: None)
+  assert not os.path.exists(plan.workdir('bipe_rope'))

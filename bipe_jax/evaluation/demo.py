@@ -11,6 +11,10 @@ Each training run is a subprocess of train/main.py (exactly what a user would ty
 checkpoints are the final ones), so only missing work is done. Evaluation restores each run
 (bipe_jax.evaluation.runs) and scores the same validation tokens at every length with
 blockwise attention.
+
+A SIGTERM to the demo (a scheduler ending the job) is passed on to its training subprocesses,
+which save a checkpoint and exit; a run that ends before its last step stops the demo with an
+error that says so (nothing half-trained is evaluated), and running the demo again resumes.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import datetime
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Sequence
 
@@ -174,12 +180,37 @@ def train_environment(plan: DemoPlan, base: dict | None = None) -> dict:
   return env
 
 
+_children: set[subprocess.Popen] = set()  # the training subprocesses now running
+_children_lock = threading.RLock()  # re-entrant: the handler may interrupt its holder
+_stopping = threading.Event()  # set by a SIGTERM: no new training run starts
+
+
+def terminate_training_runs(*_) -> None:
+  """SIGTERM to every training subprocess (each saves a checkpoint and exits), and no new one
+  starts; the demo's SIGTERM handler."""
+  with _children_lock:
+    _stopping.set()
+    for proc in _children:
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+
+
+def _refuse_after_sigterm(encoding: str) -> None:
+  if _stopping.is_set():
+    raise RuntimeError(f'stopped (SIGTERM) before training {encoding}: run the demo again to '
+                       'resume')
+
+
 def train_run(plan: DemoPlan, encoding: str, log) -> float:
-  """Trains (or resumes / skips) one encoding in a subprocess; returns its wall time."""
+  """Trains (or resumes / skips) one encoding in a subprocess; returns its wall time.
+
+  Raises RuntimeError when the subprocess fails, or ends (preempted) before `plan.steps`.
+  """
   workdir = plan.workdir(encoding)
   if _finished_step(workdir) >= plan.steps:
     log(f'[{encoding}] already trained to step {plan.steps} in {workdir}: reusing it')
     return 0.0
+  _refuse_after_sigterm(encoding)
   os.makedirs(workdir, exist_ok=True)
   cmd = plan.train_command(encoding)
   command_file = os.path.join(workdir, 'command.txt')
@@ -188,16 +219,28 @@ def train_run(plan: DemoPlan, encoding: str, log) -> float:
   log(f'[{encoding}] training in {workdir} (its command: {command_file}; its log: train.log)')
   start = time.perf_counter()
   with open(os.path.join(workdir, 'train.log'), 'a', encoding='utf-8') as err:
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
-                            env=train_environment(plan))
-    for line in proc.stdout:
-      log(f'[{encoding}] {line.rstrip()}')
-    code = proc.wait()
+    with _children_lock:
+      _refuse_after_sigterm(encoding)  # again: a SIGTERM may have come since the first check
+      proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                              env=train_environment(plan))
+      _children.add(proc)
+    try:
+      for line in proc.stdout:
+        log(f'[{encoding}] {line.rstrip()}')
+      code = proc.wait()
+    finally:
+      with _children_lock:
+        _children.discard(proc)
   if code != 0:
     with open(os.path.join(workdir, 'train.log'), encoding='utf-8') as f:
       tail = ''.join(f.readlines()[-15:])
     raise RuntimeError(f'training {encoding} failed with exit code {code}; the end of '
                        f'{workdir}/train.log:\n{tail}')
+  reached = _finished_step(workdir)
+  if reached < plan.steps:
+    raise RuntimeError(f'training {encoding} stopped at step {reached} of {plan.steps} '
+                       f'(preempted); its checkpoint is in {workdir}: run the demo again to '
+                       'resume')
   return time.perf_counter() - start
 
 
@@ -269,9 +312,14 @@ def run_demo(plan: DemoPlan, *, command: str, log=print) -> dict:
   wall_start = time.perf_counter()
   log_file = os.path.join(plan.output_dir, 'demo.log')
   file_handler = run_logging.send_library_logs_to(log_file)
+  _stopping.clear()
+  in_main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, terminate_training_runs) if in_main_thread else None
   try:
     return _run_demo(plan, command=command, log=log, wall_start=wall_start, log_file=log_file)
   finally:
+    if in_main_thread:
+      signal.signal(signal.SIGTERM, previous)
     logging.getLogger().removeHandler(file_handler)
     file_handler.close()
 
