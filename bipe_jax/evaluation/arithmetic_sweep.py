@@ -224,10 +224,11 @@ def main(plan: SweepPlan, base_config, root: str) -> int:
   import sys  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import workdir_lock  # pylint: disable=g-import-not-at-top
   try:
     doc = sweep(plan, base_config, root, train_fn=trainer.train, accuracy_fn=workdir_accuracy,
                 log=lambda s: print(s, flush=True))
-  except (ValueError, config_validation.ConfigError) as e:
+  except (ValueError, config_validation.ConfigError, workdir_lock.WorkdirInUseError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   except SweepPreempted as e:

@@ -1,7 +1,7 @@
 """What `train/main.py` runs: start the distributed runtime, train, turn errors into one line.
 
-Exit codes: 0 done (or preempted with a checkpoint saved), 1 non-finite loss, 2 bad config
-or unusable checkpoint.
+Exit codes: 0 done (or preempted with a checkpoint saved), 1 non-finite loss, 2 bad config,
+unusable checkpoint, or a workdir another process is training in.
 """
 
 import sys
@@ -9,6 +9,7 @@ import sys
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import distributed
+from bipe_jax.training import workdir_lock
 
 
 def run(config, workdir: str, *, coordinator_address: str = '', num_processes: int = 0,
@@ -27,6 +28,9 @@ def run(config, workdir: str, *, coordinator_address: str = '', num_processes: i
     return 2
   except checkpointing.CheckpointsUnusableError as e:
     print(f'checkpoint error: {e}', file=sys.stderr, flush=True)
+    return 2
+  except workdir_lock.WorkdirInUseError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   except trainer.NonFiniteLossError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)

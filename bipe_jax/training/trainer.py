@@ -40,6 +40,7 @@ from bipe_jax.training import run_record
 from bipe_jax.training import train_state as train_state_lib
 from bipe_jax.training import train_step as train_step_lib
 from bipe_jax.training import validation
+from bipe_jax.training import workdir_lock
 
 
 class NonFiniteLossError(RuntimeError):
@@ -155,10 +156,18 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   Raises:
     config_validation.ConfigError: a bad config value (one line).
     NonFiniteLossError: the loss became NaN/Inf.
+    workdir_lock.WorkdirInUseError: another process is training in `workdir`.
   """
   config = config.copy_and_resolve_references()
   config_validation.derive_fields(config)
   config_validation.validate_config(config, jax.device_count())
+  with workdir_lock.hold(workdir, enabled=jax.process_index() == 0):
+    return _train(config, workdir, model=model, make_iterator=make_iterator)
+
+
+def _train(config, workdir: str, *, model: Optional[nn.Module],
+           make_iterator: Optional[Callable]) -> TrainResult:
+  """`train` once its config is validated, with the workdir's lock held."""
   mesh = mesh_lib.make_mesh(config.mesh)
   t = config.train
   seq_len = int(config.data.seq_len)
