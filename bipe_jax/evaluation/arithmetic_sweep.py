@@ -106,11 +106,11 @@ def stop_reason(accuracies: Sequence[float], steps: int, plan: SweepPlan) -> str
 
 TrainFn = Callable[..., object]  # train_fn(config, workdir): trains to config.train.steps
 #   and returns an object whose `preempted` / `step` say whether it stopped early (TrainResult)
+AccuracyFn = Callable[..., list]  # accuracy_fn(workdir, problems) -> [LengthAccuracy]
 
 
 class SweepPreempted(RuntimeError):
   """Training was preempted mid-chunk: the checkpoint is saved, the chunk's check not taken."""
-AccuracyFn = Callable[..., list]  # accuracy_fn(workdir, problems) -> [LengthAccuracy]
 
 
 def train_to_convergence(config, workdir: str, plan: SweepPlan, *, train_fn: TrainFn,
