@@ -3,10 +3,13 @@
 The default tokenizer of a dataset lives beside it: `<dataset root>/spm_<type>_<vocab>.model`
 (see tfds_builders.dataset_root). `data.tokenizer_path` overrides it (any SentencePiece model,
 e.g. the Llama tokenizer). Generated datasets (e.g. the arithmetic task) are delegated to the
-hooks their task registered (`generated`).
+hooks their task registered (`generated`). Jobs that share a data_dir prepare it one at a time
+(`preparation_lock`), so two runs started together build it once.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import logging
 import os
 import time
@@ -91,6 +94,45 @@ def prepare(data_config, *, force: bool = False, max_tokenizer_characters: int =
     if task.prepare is not None:
       task.prepare(data_config)
     return Prepared('', '', time.perf_counter() - start, False, False)
+  with preparation_lock(data_config):
+    return _prepare_locked(data_config, start, force, max_tokenizer_characters)
+
+
+LOCK_FILE = '.bipe_jax_prepare.lock'
+
+
+@contextlib.contextmanager
+def preparation_lock(data_config):
+  """Holds an exclusive lock on `data.data_dir` for the time of a preparation.
+
+  Two jobs that share a data_dir (two training runs started together, a run beside
+  `train/build_data.py`) would otherwise both build the dataset and its tokenizer into the same
+  directories, and the second rename of TFDS's `incomplete.*` directory fails. With the lock the
+  second waits and then finds the first one's result. An advisory `flock` on
+  `<data_dir>/.bipe_jax_prepare.lock`: it holds between processes on one machine (and between
+  threads, each opening the file itself). Not locked: a remote data_dir (`gs://...`) and a
+  read-only one (a shared, already prepared catalog dataset), where nothing is built.
+  """
+  if '://' in str(data_config.data_dir):
+    yield
+    return
+  data_dir = os.path.abspath(os.path.expanduser(data_config.data_dir))
+  try:
+    os.makedirs(data_dir, exist_ok=True)
+    f = open(os.path.join(data_dir, LOCK_FILE), 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+  except OSError as e:
+    logging.info('preparing without a lock: %s', e)
+    yield
+    return
+  with f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _prepare_locked(data_config, start: float, force: bool, max_tokenizer_characters: int):
   existed = tfds_builders._prepared_version_dir(tfds_builders.dataset_root(data_config))  # pylint: disable=protected-access
   vdir = tfds_builders.build(data_config, force=force)
   built = force or existed is None
