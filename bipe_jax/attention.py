@@ -112,6 +112,70 @@ def _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_s
   return vis[:, None]
 
 
+def _sum_to_shape(x: jax.Array, shape: tuple) -> jax.Array:
+  """Sums `x` over the axes where `shape` (same rank) has size 1: the cotangent of a
+  broadcast."""
+  axes = tuple(i for i, (n, m) in enumerate(zip(x.shape, shape)) if m == 1 and n != 1)
+  return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+def _swap_last(x: jax.Array) -> jax.Array:
+  return jnp.swapaxes(x, -1, -2)
+
+
+@jax.custom_vjp
+def _softmax_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, bias, visible):
+  """softmax(q.k + bias, masked by `visible`) @ v, float32 [B, H, Q, Dh] (q already scaled).
+
+  bias: None or float32 [B or 1, H, Q, K]; visible: bool [B or 1, 1, Q, K]. A row with no
+  visible key gives zeros. The backward pass is written by hand (FlashAttention's formulas on
+  the stored probabilities) so that each of its four matmuls has the form XLA CPU runs fast:
+  the two products that contract the query axis, dV = P^T dO and dK = dS^T Q, are computed as
+  their transposes dO^T P and Q^T dS (whose left operand contracts its last axis) and handed
+  back transposed, which XLA merges with the layout change the projections need anyway. The
+  automatic backward ran them about 2x slower (benchmarks/README.md).
+  """
+  return _softmax_attention_fwd(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, bias, visible)[0]
+
+
+def _softmax_attention_fwd(q, k, v, bias, visible):
+  logits = attention_scores(q, k, 1.0)
+  if bias is not None:
+    logits = logits + bias
+  logits = jnp.where(visible, logits, NEG_INF)
+  m = jnp.max(logits, axis=-1, keepdims=True)
+  p = jnp.where(visible, jnp.exp(logits - m), 0.0)
+  denom = jnp.sum(p, axis=-1, keepdims=True)
+  denom = jnp.where(denom == 0.0, 1.0, denom)
+  out = _weighted_values(p, v) / denom
+  return out, (q, k, v, bias, p, denom, out)
+
+
+def _softmax_attention_bwd(residuals, d_out_BxHxQxDh):
+  q, k, v, bias, p, denom, out = residuals
+  b, h, nq, d = q.shape
+  g, nk = k.shape[1], k.shape[2]
+  grouped = lambda x: x.reshape(b, g, (h // g) * nq, x.shape[-1])
+  f32 = jnp.float32
+  probs = p / denom
+  d_out = grouped(d_out_BxHxQxDh).astype(v.dtype)
+  d_v = _swap_last(jnp.einsum('bgdx,bgxk->bgdk', _swap_last(d_out), grouped(probs).astype(v.dtype),
+                              preferred_element_type=f32))
+  d_probs = jnp.einsum('bgxd,bgkd->bgxk', d_out, v, preferred_element_type=f32)
+  row = jnp.sum(d_out_BxHxQxDh.astype(f32) * out, axis=-1, keepdims=True)
+  d_logits = probs * (d_probs.reshape(b, h, nq, nk) - row)  # zero where not visible
+  d_logits4 = grouped(d_logits).astype(q.dtype)
+  d_q = jnp.einsum('bgxk,bgkd->bgxd', d_logits4, k, preferred_element_type=f32)
+  d_k = _swap_last(jnp.einsum('bgdx,bgxk->bgdk', _swap_last(grouped(q)), d_logits4,
+                              preferred_element_type=f32))
+  d_bias = None if bias is None else _sum_to_shape(d_logits, bias.shape).astype(bias.dtype)
+  return (d_q.reshape(b, h, nq, d).astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype),
+          d_bias, None)
+
+
+_softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
+
+
 def _block_logits(q, k, q_pos, k_pos, q_streams, k_streams, k_in_range, *, scale, bias_fn,
                   transform_fn):
   """Final pre-mask logits of one block: S + B, or transform(S, B), float32 [B, H, q, k]."""
@@ -157,12 +221,15 @@ def dense_attention(q_BxHxQxDh: jax.Array,
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if q_streams is None:
     q_streams, k_streams = q_pos, k_pos
+  vis = _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_streams,
+                 k_streams)
+  if transform_fn is None:
+    bias = None if bias_fn is None else bias_fn(q_streams, k_streams).astype(jnp.float32)
+    return _softmax_attention(q * jnp.asarray(scale, q.dtype), k, v, bias, vis).astype(q.dtype)
   if k_in_range is None:  # padding keys count as outside the row for a key-axis transform
     k_in_range = jnp.ones(k_pos.shape, bool) if k_valid is None else k_valid
   logits = _block_logits(q, k, q_pos, k_pos, q_streams, k_streams, k_in_range, scale=scale,
                          bias_fn=bias_fn, transform_fn=transform_fn)
-  vis = _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_streams,
-                 k_streams)
   logits = jnp.where(vis, logits, NEG_INF)
   # The softmax does not depend on the shift m: stopping its gradient is exact and saves the
   # select-scatter that differentiating max costs over [B, H, Q, K].

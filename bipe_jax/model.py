@@ -84,11 +84,20 @@ class Side:
     return getattr(self, name)
 
 
-def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [B, 1, T, Dh] of the config's RoPE (base, scaling) at `positions`."""
+def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array,
+                num_positions: Optional[int] = None) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [B, 1, T, Dh] of the config's RoPE (base, scaling) at `positions`.
+
+  `num_positions`: a bound the caller guarantees (every position in [0, num_positions)); up to
+  `rope.MAX_TABLE_POSITIONS` the values are read from host-computed tables instead of
+  evaluating sin / cos in the program (same values up to float32 rounding; see
+  `rope.rope_cos_sin_lookup` for why).
+  """
   inv_freq = rope.rope_inv_frequencies(cfg.head_size, cfg.rope_base, cfg.rope_scaling,
                                        cfg.rope_scaling_factor, cfg.rope_original_length)
   mscale = rope.rope_attention_scale(cfg.rope_scaling, cfg.rope_scaling_factor)
+  if num_positions is not None and num_positions <= rope.MAX_TABLE_POSITIONS:
+    return rope.rope_cos_sin_lookup(positions_BxT, inv_freq, num_positions, mscale)
   return rope.rope_cos_sin(positions_BxT, inv_freq, mscale)
 
 
@@ -471,9 +480,13 @@ class Transformer(nn.Module):
     else:
       q_side, k_side, cache_index = sides
     if scheme.rotary != 'none':
-      # sin/cos once per forward pass, materialised (the barrier keeps XLA from recomputing
-      # them inside every layer's, head's and q/k's rotation)
-      cos, sin = jax.lax.optimization_barrier(rope_tables(cfg, q_side.stream(scheme.rotary)))
+      # sin/cos once per forward pass. Streams computed here from the token ids lie in [0, t),
+      # so they are read from host tables; given positions or a decode cache may hold any
+      # value, so they are computed (the barrier asks XLA to materialise them once; XLA CPU
+      # drops it before fusion and recomputes them in every consumer, hence the tables).
+      bound = t if sides is None and positions is None else None
+      cos, sin = jax.lax.optimization_barrier(
+          rope_tables(cfg, q_side.stream(scheme.rotary), bound))
       q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,

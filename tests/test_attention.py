@@ -229,6 +229,50 @@ def test_mask_fn_and_non_causal(causal):
   np.testing.assert_allclose(dense, ref, atol=1e-5)
 
 
+@pytest.mark.parametrize('with_bias', [False, True])
+def test_dense_gradients_equal_autodiff_of_the_plain_formula(with_bias):
+  """dense_attention's hand-written backward (attention._softmax_attention) against automatic
+  differentiation of softmax(q.k / sqrt(Dh) + bias, masked) @ v with the KV heads repeated;
+  GQA, padding keys and a fully masked row included."""
+  t = 11
+  q, k, v = _qkv(9, t, t)
+  pos = _arange(t)
+  valid = jnp.ones((B, t), bool).at[0, :3].set(False).at[1, 6].set(False)
+  bias0 = jax.random.normal(jax.random.PRNGKey(3), (1, H, t, t)) if with_bias else None
+
+  def ours(q, k, v, bias):
+    kw = {} if bias is None else {'bias_fn': lambda qs, ks: bias}
+    return A.dense_attention(q, k, v, q_pos=pos, k_pos=pos, k_valid=valid, **kw)
+
+  def plain(q, k, v, bias):
+    rep = lambda x: jnp.repeat(x, H // G, axis=1)
+    logits = jnp.einsum('bhqd,bhkd->bhqk', q, rep(k)) / math.sqrt(DH)
+    if bias is not None:
+      logits = logits + bias
+    vis = (pos[:, None, :, None] >= pos[:, None, None, :]) & valid[:, None, None, :]
+    p = jax.nn.softmax(jnp.where(vis, logits, -jnp.inf), axis=-1)
+    return jnp.einsum('bhqk,bhkd->bhqd', jnp.where(vis, p, 0.0), rep(v))
+
+  weights = jnp.cos(jnp.arange(B * H * t * DH, dtype=jnp.float32)).reshape(B, H, t, DH)
+  args = (q, k, v, bias0)
+  argnums = (0, 1, 2, 3) if with_bias else (0, 1, 2)
+  loss = lambda f: jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a) * weights), argnums))
+  got_loss, got = loss(ours)(*args)
+  # the reference's fully masked row (batch 0, queries 0..2) is NaN: compare the rest
+  ref_out = plain(*args)
+  out = ours(*args)
+  np.testing.assert_array_equal(out[0, :, :3], 0.0)
+  np.testing.assert_allclose(out[0, :, 3:], ref_out[0, :, 3:], atol=1e-5)
+  np.testing.assert_allclose(out[1], ref_out[1], atol=1e-5)
+  masked = weights.at[0, :, :3].set(0.0)
+  ref_loss, want = jax.value_and_grad(
+      lambda *a: jnp.sum(jnp.nan_to_num(plain(*a)) * masked), argnums)(*args)
+  np.testing.assert_allclose(got_loss, ref_loss, rtol=1e-5)
+  for g_ours, g_ref in zip(got, want):
+    chex.assert_equal_shape([g_ours, g_ref])
+    np.testing.assert_allclose(g_ours, jnp.nan_to_num(g_ref), atol=1e-5)
+
+
 def test_fully_masked_rows_are_zero_not_nan():
   t = 12
   q, k, v = _qkv(4, t, t)

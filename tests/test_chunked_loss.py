@@ -146,7 +146,10 @@ def test_training_step_with_chunks_equals_the_plain_step():
     results.append((history, jax.device_get(state.params)))
   np.testing.assert_allclose(results[1][0], results[0][0], rtol=2e-5)
   assert results[0][0][0][2] == 4 * 11 - 3 - 4  # last column, 3 pad targets, 4 masked
-  chex.assert_trees_all_close(results[1][1], results[0][1], atol=1e-6, rtol=1e-5)
+  # Adam divides each gradient by its own magnitude, so a parameter whose gradient is ~0 moves
+  # by ~lr whatever the rounding of that gradient: atol 2e-5 absorbs that (observed 2e-6), a
+  # wrong gradient moves parameters by ~lr = 1e-2.
+  chex.assert_trees_all_close(results[1][1], results[0][1], atol=2e-5, rtol=1e-5)
   moved = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), results[0][1],
                        jax.device_get(train_state.create_train_state(
                            model, tx, mesh, 12, seed=0)[0].params))

@@ -281,6 +281,23 @@ def test_rope_family_shift_invariance():
   np.testing.assert_allclose(shifted, base, atol=1e-4)
 
 
+@pytest.mark.parametrize('name', ['rope', 'bipe_rope'])
+def test_rope_tables_read_from_host_equal_computed_ones(name):
+  """Streams the model computes itself (documents restarting, padding) take the RoPE table
+  lookup; the same streams given as `positions` take the computed sin / cos: same logits."""
+  cfg = _cfg(name, attention_impl='dense', restart_at_documents=True, pad_id=PAD)
+  tokens = _tokens(8).at[:, 0].set(BOS).at[:, 9].set(BOS).at[1, 15:18].set(PAD)
+  params = _variables(Transformer(cfg), tokens)['params']
+  pos = Transformer(cfg).apply({'params': params}, tokens, method='compute_positions')
+  computed = _apply_with_positions(cfg, params, tokens, pos)
+  looked_up = _forward(cfg)(params, tokens)
+  chex.assert_shape(looked_up, (B, T, V))
+  np.testing.assert_allclose(looked_up, computed, atol=2e-5)
+  hlo = jax.jit(lambda p, t: Transformer(cfg).apply({'params': p}, t)).lower(
+      params, tokens).as_text()
+  assert 'sine' not in hlo and 'cosine' not in hlo  # no sin / cos left in the program
+
+
 def test_documents_restart_and_mask():
   """restart_at_documents + mask_across_documents: the second document's logits do not depend
   on the first document at all."""
