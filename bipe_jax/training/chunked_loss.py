@@ -116,18 +116,25 @@ def _forward_with_gradients(hidden, kernel, targets, weights, chunk_len, dtype):
 
   def body(carry, chunk):
     total, d_kernel = carry
-    h, tgt, w = chunk
+    h, h_t, tgt, w = chunk
     h_c = h.astype(dtype)
     nll, e, row_sum = _chunk_nll(_chunk_logits(h_c, kernel_c, dtype), tgt)
     # d(sum w * nll) / dlogits = w * (softmax - one_hot), in one pass over the chunk
     d_logits = ((e / row_sum - (jnp.arange(vocab) == tgt[:, None])) * w[:, None]).astype(dtype)
     d_h = (d_logits @ kernel_c.T).astype(hidden.dtype)
-    d_kernel = d_kernel + (h_c.T @ d_logits).astype(jnp.float32)
+    d_kernel = d_kernel + (h_t.astype(dtype) @ d_logits).astype(jnp.float32)
     return (total + jnp.sum(nll * w), d_kernel), (d_h, nll)
 
-  chunks = _checked_chunks(hidden, targets, weights, chunk_len)
+  h_chunks, t_chunks, w_chunks = _checked_chunks(hidden, targets, weights, chunk_len)
+  # The kernel's gradient h^T @ d_logits reads the chunk's hidden states transposed. Passing
+  # them into the loop already transposed ([N, D, B * Tc], one copy of the hidden states)
+  # keeps XLA from folding the transpose into that matmul: on CPU the folded form (contracting
+  # both operands' leading axis) runs as a slower Eigen dot; this one is a plain row-major
+  # matmul (the whole tiny-preset training step 0.985x, benchmarks/README.md).
+  h_t_chunks = jnp.swapaxes(h_chunks, 1, 2)
   init = (jnp.zeros((), jnp.float32), jnp.zeros(kernel.shape, jnp.float32))
-  (total, d_kernel), (d_hidden, nll) = jax.lax.scan(body, init, chunks)
+  (total, d_kernel), (d_hidden, nll) = jax.lax.scan(
+      body, init, (h_chunks, h_t_chunks, t_chunks, w_chunks))
   unflat = lambda x: _from_chunks(x.reshape(t // chunk_len, b, chunk_len, *x.shape[2:]))
   return total, (unflat(d_hidden), d_kernel.astype(kernel.dtype),
                  unflat(nll).astype(weights.dtype))
