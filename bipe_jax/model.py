@@ -48,6 +48,8 @@ import jax
 import jax.numpy as jnp
 
 from bipe_jax import attention as attention_lib
+from bipe_jax.matmul import matmul_2d  # pylint: disable=unused-import (model.matmul_2d)
+from bipe_jax.matmul import matmul_einsum
 from bipe_jax import positions as positions_lib
 from bipe_jax.config import ModelConfig
 from bipe_jax.encodings import absolute
@@ -113,63 +115,6 @@ class RMSNorm(nn.Module):
     x = x_BxTxD.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
     return (y * scale).astype(self.dtype)
-
-
-@jax.custom_jvp
-def matmul_2d(x_NxK: jax.Array, w_KxM: jax.Array) -> jax.Array:
-  """x @ w [N, M]; on CPU, a kernel wider in than out (K > M) gets its weight gradient
-  computed as (dy^T x)^T.
-
-  XLA's CPU dot runs x^T dy -> [K, M] at about half speed when K > M (measured on this
-  project's CPU, one thread, N = 2,048: 6.2 ms for K, M = 512, 128 against 3.6 ms for
-  (dy^T x)^T, and the other way round for K < M). The rule is written in the tangent (a
-  custom_jvp, so forward-mode autodiff keeps working): its transpose, the weight gradient, is the
-  fast form, and an optimization barrier keeps XLA from folding the transpose back. Values and
-  gradients are those of x @ w; on other platforms it is x @ w.
-  """
-  return x_NxK @ w_KxM
-
-
-@matmul_2d.defjvp
-def _matmul_2d_jvp(primals, tangents):
-  x, w = primals
-  dx, dw = tangents
-  if w.shape[0] > w.shape[1] and jax.default_backend() == 'cpu':
-    w_term = jnp.transpose(jnp.dot(jax.lax.optimization_barrier(dw.T), x.T))
-  else:
-    w_term = x @ dw
-  return x @ w, dx @ w + w_term
-
-
-def matmul_einsum(equation: str, x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`jnp.einsum(equation, x, kernel)` computed as ONE 2-D matmul.
-
-  For the projections of this model (the kernel's contracted axes lead, e.g. 'btd,dhk->bhtk',
-  'bhtk,hkd->btd'): x is transposed so its free axes lead and its contracted axes trail, both
-  sides are flattened to [N, C] @ [C, M], and the result is reshaped / transposed to the
-  output. XLA CPU runs the 2-D form ~1.9x faster forward + backward than the 3-D einsum,
-  whose weight gradient it lays out transposed (measured in benchmarks/README.md); the 2-D
-  matmul is `matmul_2d`.
-  """
-  inputs, out = equation.split('->')
-  xs, ws = inputs.split(',')
-  contracted = [c for c in ws if c in xs and c not in out]
-  if ws[:len(contracted)] != ''.join(contracted) or any(c in ws for c in out if c in xs):
-    return jnp.einsum(equation, x, kernel)  # not of the supported form
-  x_free = [c for c in out if c in xs]
-  w_free = list(ws[len(contracted):])
-  perm = [xs.index(c) for c in x_free + contracted]
-  if perm != list(range(x.ndim)):
-    x = jnp.transpose(x, perm)
-  sizes = {c: x.shape[i] for i, c in enumerate(x_free + contracted)}
-  sizes.update({c: kernel.shape[i] for i, c in enumerate(ws)})
-  n = math.prod(sizes[c] for c in x_free)
-  k = math.prod(sizes[c] for c in contracted)
-  y = matmul_2d(x.reshape(n, k), kernel.reshape(k, -1)).reshape(
-      [sizes[c] for c in x_free + w_free])
-  current = x_free + w_free
-  perm_out = [current.index(c) for c in out]
-  return y if perm_out == list(range(len(out))) else jnp.transpose(y, perm_out)
 
 
 class Projection(nn.Module):
