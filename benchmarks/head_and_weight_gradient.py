@@ -7,8 +7,10 @@ Run:  .venv/bin/python benchmarks/head_and_weight_gradient.py [--tokens 2048] [-
    4096): the materialised logits with train_step.token_nll against
    chunked_loss.lm_head_nll_sum at several chunk sizes (training/chunked_loss.py).
 2. A projection's forward and backward (x @ w, gradients in x and w) through `jnp.matmul`
-   against model.matmul_2d, whose weight gradient for a kernel wider in than out is dy^T x
-   transposed.
+   against bipe_jax.matmul.matmul_2d (weight gradient x^T dy in the kernel's layout; until
+   2026-11-25 it computed dy^T x transposed for kernels wider in than out, which the stored
+   results measured). On one device both forms compile alike; the layout matters under data
+   parallelism (benchmarks/README.md, 2026-11-25 afternoon).
 
 `--tokens` is the tokens of one device (the tiny benchmark shape, 32 x 128 over 2 devices:
 2,048), on one thread: what each of `--cpu_devices=2`'s two busy devices gets of the cores.
@@ -33,7 +35,7 @@ PROJECTIONS = ((128, 512), (512, 128), (128, 128), (768, 3072), (3072, 768))
 def head_candidates(tokens: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bipe_jax import model  # pylint: disable=g-import-not-at-top
+  from bipe_jax import matmul  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import chunked_loss  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import train_step  # pylint: disable=g-import-not-at-top
   k = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -43,7 +45,7 @@ def head_candidates(tokens: int) -> dict:
   weights = jnp.ones((1, tokens), jnp.float32)
 
   def plain(h, w):
-    logits = model.matmul_einsum('btd,dv->btv', h, w)  # as the model's lm_head computes them
+    logits = matmul.matmul_einsum('btd,dv->btv', h, w)  # as the model's lm_head computes them
     return jnp.sum(train_step.token_nll(logits, targets) * weights)
 
   def chunked(c):
@@ -61,14 +63,14 @@ def head_candidates(tokens: int) -> dict:
 def projection_candidates(tokens: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bipe_jax import model  # pylint: disable=g-import-not-at-top
+  from bipe_jax import matmul  # pylint: disable=g-import-not-at-top
   out = {}
   for d_in, d_out in PROJECTIONS:
     k = jax.random.split(jax.random.PRNGKey(1), 3)
     x = jax.random.normal(k[0], (tokens, d_in))
     w = jax.random.normal(k[1], (d_in, d_out)) * 0.05
     r = jax.random.normal(k[2], (tokens, d_out))
-    for label, mm in (('jnp.matmul', jnp.matmul), ('matmul_2d', model.matmul_2d)):
+    for label, mm in (('jnp.matmul', jnp.matmul), ('matmul_2d', matmul.matmul_2d)):
       step = jax.jit(jax.grad(lambda x, w, mm=mm, r=r: jnp.sum(mm(x, w) * r), argnums=(0, 1)))
       out[f'{d_in} -> {d_out}: {label}'] = lambda step=step, x=x, w=w: step(x, w)
   return out
