@@ -7,6 +7,7 @@ that form: the attention backward's dK and dV (attention._transposed_product) an
 weight gradient in the chunked loss (the hidden states enter the loop already transposed).
 """
 
+import functools
 import re
 
 import flax.linen as nn
@@ -25,6 +26,7 @@ def _dots(hlo: str) -> list[str]:
   return [line for line in hlo.split('\n') if re.search(r'= f32\[[0-9,]*\]\S* dot\(', line)]
 
 
+@functools.lru_cache(maxsize=None)  # both tests read the rope program: compile it once
 def _compiled_gradient_hlo(position_encoding: str) -> str:
   cfg = config_lib.validate_model_config(config_lib.ModelConfig(
       vocab_size=V, hidden_size=D, num_layers=1, num_heads=HEADS, num_kv_heads=HEADS,
