@@ -38,7 +38,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.attention_impl = 'blockwise'  # dense | blockwise | cudnn
   m.block_size = 128
   m.dtype = 'float32'  # compute dtype; float32 | bfloat16
-  m.remat = False
+  m.remat = 'none'  # none | full | save_projections (bipe_jax/remat.py)
   # nn.scan over the decoder layers: one compiled layer body (compile time flat in depth);
   # parameters under 'layers' with a leading [num_layers] axis (model.stack_layer_params).
   m.scan_layers = False
