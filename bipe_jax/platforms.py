@@ -7,11 +7,14 @@ entry points call `use_cpu_without_accelerator()` first thing: when JAX_PLATFORM
 the host has no TPU or GPU device, it sets JAX_PLATFORMS=cpu, so a CPU run starts quietly. On a
 TPU VM (/dev/accel* or /dev/vfio devices, or Google's TPU PCI vendor id) or a GPU host
 (/dev/nvidia*, ROCm's /dev/kfd) nothing is set and JAX picks the accelerator as usual; a
-JAX_PLATFORMS the user set always wins. This module does not import JAX (it must run first).
+JAX_PLATFORMS the user set always wins. JAX reads the variable when it is imported, so when it
+already is (importing the bipe_jax package imports it) its `jax_platforms` setting is updated
+too; either way this must run before JAX creates its backends (the first array or device query).
 """
 
 import glob
 import os
+import sys
 
 PLATFORMS_VARIABLE = 'JAX_PLATFORMS'
 GOOGLE_PCI_VENDOR = '0x1ae0'  # TPU chips on the PCI bus of a TPU VM
@@ -45,4 +48,6 @@ def use_cpu_without_accelerator(environ=None, **probe_roots) -> bool:
   if environ.get(PLATFORMS_VARIABLE) or accelerator_present(**probe_roots):
     return False
   environ[PLATFORMS_VARIABLE] = 'cpu'
+  if environ is os.environ and 'jax' in sys.modules:
+    sys.modules['jax'].config.update('jax_platforms', 'cpu')
   return True

@@ -15,6 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from bipe_jax import platforms  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+platforms.use_cpu_without_accelerator()  # before JAX starts: no TPU probe on a CPU host
+
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 

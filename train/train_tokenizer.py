@@ -18,6 +18,10 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bipe_jax import platforms  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+platforms.use_cpu_without_accelerator()  # before JAX starts: no TPU probe on a CPU host
+
 from configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bipe_jax.data import preparation as prepare_lib  # pylint: disable=wrong-import-position
 from bipe_jax.data import tfds_builders  # pylint: disable=wrong-import-position
