@@ -60,7 +60,9 @@ class StepFigures:
   alias_bytes: int  # outputs written in place of donated arguments
   temp_bytes: int
   generated_code_bytes: int
-  flops: float  # of one chip's program, per step
+  flops: float  # XLA's count for one chip's program; a loop's body (scanned layers, attention
+  # blocks, loss chunks) is counted once, not once per iteration
+  model_flops: float  # per chip per step: training 6N-style model FLOPs (training/flops.py) / chips
   collectives: dict  # kind -> {'ops': distinct collectives, 'arrays': arrays they move}
   compile_seconds: float
   # The TPU compiler refuses a program that exceeds HBM (RESOURCE_EXHAUSTED): then the figures
@@ -210,7 +212,7 @@ def count_collectives(hlo_text: str) -> dict:
           for kind in COLLECTIVE_KINDS if seen.get(kind)}
 
 
-def _figures(name: str, compiled, seconds: float) -> StepFigures:
+def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFigures:
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
@@ -219,8 +221,8 @@ def _figures(name: str, compiled, seconds: float) -> StepFigures:
       output_bytes=int(memory.output_size_in_bytes), alias_bytes=int(memory.alias_size_in_bytes),
       temp_bytes=int(memory.temp_size_in_bytes),
       generated_code_bytes=int(memory.generated_code_size_in_bytes),
-      flops=float(cost.get('flops', 0.0)), collectives=count_collectives(compiled.as_text()),
-      compile_seconds=seconds)
+      flops=float(cost.get('flops', 0.0)), model_flops=model_flops,
+      collectives=count_collectives(compiled.as_text()), compile_seconds=seconds)
 
 
 def _placeholder_separators(config) -> None:
@@ -259,7 +261,7 @@ def _without_compilation_cache():
     jax.config.update('jax_enable_compilation_cache', saved)
 
 
-def _compile(fn, args, name: str) -> StepFigures:
+def _compile(fn, args, name: str, model_flops: float) -> StepFigures:
   start = time.perf_counter()
   with _stderr_to_file() as output, _without_compilation_cache():
     try:
@@ -268,13 +270,14 @@ def _compile(fn, args, name: str) -> StepFigures:
       detail = ' '.join(str(e).split())
       if 'RESOURCE_EXHAUSTED' in detail and 'memory' in detail.lower():
         message = detail[detail.index('RESOURCE_EXHAUSTED'):][:300]
-        return StepFigures(name, 0, 0, 0, 0, 0, 0.0, {}, time.perf_counter() - start,
+        return StepFigures(name, 0, 0, 0, 0, 0, 0.0, model_flops, {},
+                           time.perf_counter() - start,
                            out_of_memory=message, required_bytes=required_bytes(
                                message.split(':', 1)[-1]))
       logged = output().strip().splitlines()
       raise CompileError(f'the {name} step did not compile: {detail[:400]}'
                          + (f' ({logged[-1][:200]})' if logged else '')) from None
-  return _figures(name, compiled, time.perf_counter() - start)
+  return _figures(name, compiled, time.perf_counter() - start, model_flops)
 
 
 def compile_for_topology(config, topology: str, *, num_slices: int = 1,
@@ -290,6 +293,7 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   from bipe_jax import config as model_config_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import flops as flops_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import train_state  # pylint: disable=g-import-not-at-top
@@ -320,7 +324,9 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
     step = train_step.make_train_step(
         model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps,
         pad_id=int(config.model.pad_id), loss_chunk_tokens=t.get('loss_chunk_tokens', 0))
-    steps.append(_compile(step, (state_args, {'tokens': tokens}), 'train'))
+    train_flops = (flops_lib.train_flops_per_token(model_config, seq_len) * t.batch_size
+                   * seq_len / len(devices))
+    steps.append(_compile(step, (state_args, {'tokens': tokens}), 'train', train_flops))
     for length in eval_lengths:
       steps.append(_compile_eval(model, mesh, state_args.params, length,
                                  eval_batch_size or t.batch_size, int(config.model.pad_id)))
@@ -336,10 +342,13 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
 def _compile_eval(model, mesh, param_args, length: int, batch_size: int,
                   pad_id: int) -> StepFigures:
   """The evaluation forward at `length`: summed next-token NLL and count of a [B, L] batch."""
+  from bipe_jax.training import flops as flops_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import train_step  # pylint: disable=g-import-not-at-top
   shards = mesh_lib.batch_shards(mesh)
   batch_size = -(-batch_size // shards) * shards
+  model_flops = (flops_lib.forward_flops_per_token(model.config, int(length)) * batch_size
+                 * int(length) / mesh.devices.size)
 
   def evaluate(params, tokens_BxL):
     return train_step.next_token_nll(model.apply({'params': params}, tokens_BxL), tokens_BxL,
@@ -349,7 +358,7 @@ def _compile_eval(model, mesh, param_args, length: int, batch_size: int,
                                        mesh_lib.batch_sharding(mesh)),
                out_shardings=mesh_lib.replicated(mesh))
   tokens = jax.ShapeDtypeStruct((batch_size, int(length)), jnp.int32)
-  return _compile(fn, (param_args, tokens), f'eval@{int(length)}')
+  return _compile(fn, (param_args, tokens), f'eval@{int(length)}', model_flops)
 
 
 def _summary(config) -> dict:
@@ -416,7 +425,8 @@ def format_report(report: CompileReport) -> str:
   row('total', [gib(st.total_bytes) for st in report.steps])
   row('HBM', [gib(report.hbm_bytes)] * len(report.steps))
   row('fits', ['yes' if report.fits(st) else 'NO' for st in report.steps])
-  row('TFLOPs per step', [f'{st.flops / 1e12:.4g}' for st in report.steps])
+  row('model TFLOPs per step', [f'{st.model_flops / 1e12:.4g}' for st in report.steps])
+  row('XLA TFLOPs (loops once)', [f'{st.flops / 1e12:.4g}' for st in report.steps])
   for kind in COLLECTIVE_KINDS:
     row(f'{kind} (ops / arrays)', [
         f'{st.collectives.get(kind, {}).get("ops", 0)} / '
