@@ -95,7 +95,9 @@ def test_tiny_model_compiles_for_tpu(encoding, mesh):
 
 def test_eval_step_and_cli_table_and_json(tmp_path, capsys):
   out = tmp_path / 'figures.json'
-  code = compile_cli.run(tiny_config('bipe_rope', (2, 2, 1)), TOPOLOGY, eval_lengths=['32'],
+  # (a mesh no other test compiles: JAX's persistent cache, which the suite shares, stores a
+  # TPU executable it cannot load back on this host, and warns)
+  code = compile_cli.run(tiny_config('bipe_rope', (1, 2, 2)), TOPOLOGY, eval_lengths=['32'],
                          eval_batch_size=2, output=str(out))
   printed = capsys.readouterr()
   assert code == 0, printed.err

@@ -249,21 +249,9 @@ def required_bytes(message: str) -> int:
   return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
 
 
-@contextlib.contextmanager
-def _without_compilation_cache():
-  """JAX's persistent compilation cache off for the block: it stores the TPU executable but
-  cannot load it back on a host without a TPU client (a warning on every later compile)."""
-  saved = jax.config.jax_enable_compilation_cache
-  jax.config.update('jax_enable_compilation_cache', False)
-  try:
-    yield
-  finally:
-    jax.config.update('jax_enable_compilation_cache', saved)
-
-
 def _compile(fn, args, name: str, model_flops: float) -> StepFigures:
   start = time.perf_counter()
-  with _stderr_to_file() as output, _without_compilation_cache():
+  with _stderr_to_file() as output:
     try:
       compiled = fn.lower(*args).compile()
     except Exception as e:  # pylint: disable=broad-except (XLA reports its own types)
