@@ -42,6 +42,9 @@ def model_defaults() -> ml_collections.ConfigDict:
   # nn.scan over the decoder layers: one compiled layer body (compile time flat in depth);
   # parameters under 'layers' with a leading [num_layers] axis (model.stack_layer_params).
   m.scan_layers = False
+  # Compute forms (bipe_jax/kernels): portable (stock XLA forms for TPU / GPU) | cpu (tuned for
+  # XLA CPU) | auto (cpu when the mesh's devices are CPU devices, else portable).
+  m.kernels = 'auto'
   m.dape_hidden = 32
   m.dapev2_kernel = 3
   m.fire_hidden = 32

@@ -42,8 +42,8 @@ _DATA_DIR = flags.DEFINE_string('data_dir', _D.data_dir, 'Where the embedded cor
 
 
 def main(argv):
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process()  # a CPU run's set-up (freed memory kept), before JAX starts
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   try:

@@ -34,8 +34,8 @@ _PLOT = flags.DEFINE_string('plot', '', 'Heat-map PNG ("" = none).')
 
 
 def main(argv):
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process()  # a CPU run's set-up (freed memory kept), before JAX starts
   from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
   run_logging.start_quiet_cli(argv)
   from bipe_jax.evaluation import cli  # pylint: disable=g-import-not-at-top

@@ -28,6 +28,7 @@ RESUMABLE_FIELDS = frozenset({
     'model.attention_impl',  # dense | blockwise | cudnn compute the same attention
     'model.block_size',  # blockwise attention's tiling
     'model.remat',  # recompute activations instead of storing them
+    'model.kernels',  # portable | cpu compute forms (bipe_jax.kernels): same numbers
     'data.num_threads',  # tokenisation threads
     'data.prefetch',  # batches prefetched
     'data.tokenizer_path',  # the workdir's copy moves with it; data.tokenizer_sha256 compares

@@ -26,6 +26,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bipe_jax import config as model_config_lib
+from bipe_jax import kernels
 from bipe_jax import run_tokenizer
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
@@ -183,6 +184,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
     model_config = model_config or model_config_lib.model_config_from_dict(config.model)
     model = model_lib.Transformer(model_config)
+  model = kernels.model_for_mesh(model, mesh)  # model.kernels='auto': the mesh's platform
   pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0
