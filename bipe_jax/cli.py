@@ -132,11 +132,14 @@ def parse_flags(argv: Sequence[str]) -> list:
 
 
 def quiet_library_logs() -> None:
-  """Unless --verbosity was given, absl/Orbax/TFDS INFO lines stay off the terminal."""
+  """Unless --verbosity was given, absl/Orbax/TFDS INFO lines (and TFDS's warning for every
+  BuilderConfig made at run time, run_logging.QUIET_WARNINGS) stay off the terminal."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS['verbosity'].present:
     absl_logging.set_verbosity(absl_logging.WARNING)
+    run_logging.filter_known_noise()
 
 
 def run(main: Callable[[list], int | None]) -> None:

@@ -33,6 +33,12 @@ class _FileHandlerMadeOnFirstLine(logging.FileHandler):
     return super()._open()
 
 
+def filter_known_noise() -> None:
+  """Keeps the `QUIET_WARNINGS` lines off absl's stderr handler (a CLI without a log file)."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.get_absl_handler().addFilter(_KnownNoise())
+
+
 def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Handler:
   """INFO and above to the file `path` (appended, created with its folder at the first line);
   the terminal keeps
