@@ -175,6 +175,11 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   config = config.copy_and_resolve_references()
   config_validation.derive_fields(config)
   config_validation.validate_config(config, jax.device_count())
+  if not checkpointing.step_dirs(config.checkpoint.dir or os.path.join(workdir, 'checkpoints')):
+    try:  # before anything is written (a resumed run ignores train.init_from)
+      init_from_lib.check_source(config)
+    except init_from_lib.InitFromError as e:
+      raise config_validation.ConfigError(str(e)) from None
   with workdir_lock.hold(workdir, enabled=jax.process_index() == 0):
     return _train(config, workdir, model=model, make_iterator=make_iterator)
 
