@@ -99,11 +99,11 @@ def _config_file_message(name: str, argv: Sequence[str], error: BaseException) -
   return f'--{name}={spec}: {lines[-1].strip() if lines else type(error).__name__}'
 
 
-def parse_flags(argv: Sequence[str]) -> list:
+def parse_flags(argv: Sequence[str], flag_values=None) -> list:
   """absl's flag parsing with every user error turned into one line (the `flags_parser` of
-  absl.app.run)."""
+  absl.app.run); `flag_values` default absl's global FLAGS."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  flag_values = flags.FLAGS
+  flag_values = flags.FLAGS if flag_values is None else flag_values
   names = _config_flag_names(flag_values)
   try:
     rest = flag_values(argv)
