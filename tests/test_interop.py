@@ -462,9 +462,9 @@ def test_export_rejects_what_llama_cannot_express():
                                                      separator_ids=SEPARATORS))
   with pytest.raises(ValueError, match='position_encoding'):
     hf_llama.hf_config_from_model_fields(dict(fields, position_encoding='kerple'))
-  with pytest.raises(ValueError, match='separator_ids'):
+  with pytest.raises(ValueError, match='separator_ids is empty'):
     hf_llama.hf_config_from_model_fields(dict(fields, position_encoding='bipe_rope',
-                                              separator_ids=(5,)))
+                                              separator_ids=()))
   with pytest.raises(ValueError, match='restart_at_documents'):
     hf_llama.hf_config_from_model_fields(dict(fields, restart_at_documents=True))
 

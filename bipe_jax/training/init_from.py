@@ -96,19 +96,6 @@ def source_seq_len(spec: str) -> int | None:
 ALLOW_FIELD = 'train.init_from_allow_encoding_change'
 
 
-def _separator_rule(model, data) -> str:
-  """The rule that makes a bipe_* run's segments: 'sentence' / 'newline' / 'official' / 'ids'
-  ('auto' resolved for the run's dataset)."""
-  rule = model.get('separators', 'auto')
-  if rule == 'auto' and data is not None:
-    from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
-    try:
-      rule = preparation.default_separator_rule(data)
-    except (OSError, ValueError, AttributeError):
-      pass
-  return rule
-
-
 def stream_mismatch(source_model, source_data, model, data) -> str | None:
   """What differs between the position streams of a source and of a run fine-tuned from it
   (the encoding; for bipe_* the separators that cut segments), or None when they match.
@@ -121,7 +108,9 @@ def stream_mismatch(source_model, source_data, model, data) -> str | None:
             f'{want!r}')
   if not want.startswith('bipe'):
     return None
-  rule_have, rule_want = _separator_rule(source_model, source_data), _separator_rule(model, data)
+  from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
+  rule_have = preparation.separator_rule(source_model, source_data)
+  rule_want = preparation.separator_rule(model, data)
   ids_have = tuple(int(i) for i in source_model.get('separator_ids', ()))
   ids_want = tuple(int(i) for i in model.get('separator_ids', ()))
   if 'ids' in (rule_have, rule_want) or rule_have == rule_want:
@@ -153,7 +142,9 @@ def _source_config(path: str, spec: str):
                         f'(config.json with hidden_size)')
   from bipe_jax.interop import hf_llama  # pylint: disable=g-import-not-at-top
   try:
-    return hf_llama.model_fields_from_hf_config(hf), None
+    fields = hf_llama.model_fields_from_hf_config(hf)
+    fields['separators'] = hf.get(hf_llama.SEPARATOR_RULE_KEY, 'ids')  # exported by bipe_jax
+    return fields, None
   except ValueError as e:
     raise InitFromError(f'train.init_from={spec!r}: {e}') from None
 
