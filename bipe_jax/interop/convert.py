@@ -229,8 +229,16 @@ def _parse_ids(text: str):
         f'--separator_ids must be comma-separated integers, got {text!r}') from None
 
 
+class _OneLineParser(argparse.ArgumentParser):
+  """argparse whose usage errors are one `error: ...` line (exit 2), like the absl CLIs'."""
+
+  def error(self, message):
+    print(f'error: {message} (python -m bipe_jax.convert --help)', file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
+  parser = _OneLineParser(
       prog='python -m bipe_jax.convert',
       description='Convert between Hugging Face Llama-format folders (incl. the released BiPE '
                   'checkpoints) and bipe_jax workdirs; the direction is detected from --from.')
@@ -245,6 +253,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help='bipe->HF: checkpoint step to export (default: the latest)')
   args = parser.parse_args(argv)
   try:
+    if os.path.exists(args.dst) and not os.path.isdir(args.dst):
+      raise ValueError(f'--to {args.dst!r} is a file, not a directory')
     direction = detect_direction(args.src)
     if direction == 'hf_to_bipe':
       hf_to_workdir(args.src, args.dst, separator_ids=args.separator_ids,
