@@ -16,11 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)  # so config files can `from configs import base`
 
-from bipe_jax import platforms  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-platforms.use_cpu_without_accelerator()  # the compile runs on the host's CPU
-
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -40,9 +36,6 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
   del argv
-  if not flags.FLAGS['verbosity'].present:  # JAX's INFO line about the TPU backend it skipped
-    import logging  # pylint: disable=g-import-not-at-top
-    logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
   from bipe_jax.training import compile_cli  # pylint: disable=g-import-not-at-top
   sys.exit(compile_cli.run(_CONFIG.value, _TOPOLOGY.value, num_slices=_NUM_SLICES.value,
                            eval_lengths=_EVAL_LENGTHS.value, eval_batch_size=_EVAL_BATCH.value,
@@ -50,4 +43,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)  # a CPU host: JAX's CPU platform, no TPU probe (bipe_jax.platforms)

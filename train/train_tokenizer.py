@@ -13,14 +13,10 @@ import os
 import sys
 import time
 
-from absl import app
+from bipe_jax import cli
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bipe_jax import platforms  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-platforms.use_cpu_without_accelerator()  # before JAX starts: no TPU probe on a CPU host
 
 from configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bipe_jax.data import preparation as prepare_lib  # pylint: disable=wrong-import-position
@@ -65,4 +61,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

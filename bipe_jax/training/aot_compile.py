@@ -279,6 +279,7 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   """
   # Imported here: a caller that only formats reports does not pay for the model's imports.
   from bipe_jax import config as model_config_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax import kernels  # pylint: disable=g-import-not-at-top
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import flops as flops_lib  # pylint: disable=g-import-not-at-top
@@ -297,12 +298,13 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
     model_config = model_config_lib.model_config_from_dict(config.model)
   except ValueError as e:
     raise config_validation.ConfigError(str(e)) from None
-  model = model_lib.Transformer(model_config)
   t = config.train
   seq_len = int(config.data.seq_len)
   tx = optimizer_lib.make_optimizer(t)
   schedule = optimizer_lib.learning_rate_schedule(t)
   mesh = mesh_lib.make_mesh(config.mesh, devices)
+  # model.kernels='auto' resolves by the mesh's devices: the portable path for a TPU topology
+  model = model_lib.Transformer(kernels.config_for_mesh(model_config, mesh))
   abstract, shardings = train_state.state_shardings(model, tx, mesh, seq_len)
   state_args = train_state.abstract_with_shardings(abstract, shardings)
   tokens = jax.ShapeDtypeStruct((t.batch_size, seq_len), jnp.int32,
@@ -355,6 +357,7 @@ def _summary(config) -> dict:
       'position_encoding': m.position_encoding, 'num_layers': int(m.num_layers),
       'hidden_size': int(m.hidden_size), 'dtype': m.dtype, 'remat': m.remat,
       'scan_layers': bool(m.scan_layers), 'attention_impl': m.attention_impl,
+      'kernels': m.get('kernels', 'auto'),
       'batch_size': int(t.batch_size), 'seq_len': int(config.data.seq_len),
       'grad_accum_steps': int(t.grad_accum_steps),
       'loss_chunk_tokens': int(t.get('loss_chunk_tokens', 0)),
