@@ -188,3 +188,20 @@ def test_shard_bytes_counts_one_devices_share():
   tree = {'a': jax.ShapeDtypeStruct((3, 5), 'float32'), 'b': jax.ShapeDtypeStruct((7,),
                                                                                  'bfloat16')}
   assert aot_compile.shard_bytes(tree, {'a': sharding, 'b': sharding}) == 3 * 5 * 4 + 7 * 2
+
+
+def test_the_tpu_program_takes_the_portable_path():
+  """model.kernels='auto' resolves to 'portable' for TPU devices: RoPE's sin / cos computed in
+  the program (the CPU path gathers host tables) and fewer optimization barriers (the CPU path
+  adds its own to the attention backward and the RoPE tables; the ones left come from
+  jax.checkpoint). An explicit 'cpu' is the control."""
+  def primitives(kernels):
+    config = tiny_config('bipe_rope', (4, 1, 1), kernels=kernels)
+    report = aot_compile.compile_for_topology(config, TOPOLOGY, keep_text=True)
+    assert report.config_summary['kernels'] == kernels
+    pairs = report.steps[0].text['primitives'].split(',')
+    return {k: int(v) for k, v in (p.split('=') for p in pairs)}
+  portable, cpu = primitives('auto'), primitives('cpu')
+  assert portable.get('sin', 0) >= 1 and portable.get('cos', 0) >= 1
+  assert 'sin' not in cpu and 'cos' not in cpu
+  assert portable.get('optimization_barrier', 0) < cpu['optimization_barrier']

@@ -69,6 +69,10 @@ class StepFigures:
   # above are 0, `out_of_memory` holds its message and `required_bytes` the size it names.
   out_of_memory: str = ''
   required_bytes: int = 0
+  # With compile_for_topology(keep_text=True): {'lowered': StableHLO before XLA's passes,
+  # 'compiled': the optimised HLO, 'primitives': 'name=count,...' of the traced step's JAX
+  # primitives}; left out of the JSON.
+  text: dict = dataclasses.field(default_factory=dict, repr=False)
 
   @property
   def total_bytes(self) -> int:
@@ -102,6 +106,7 @@ class CompileReport:
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
     for entry, step in zip(out['steps'], self.steps):
+      del entry['text']
       entry['total_bytes'] = step.total_bytes
       entry['fits'] = self.fits(step)
     out['fits'] = all(self.fits(s) for s in self.steps)
@@ -212,6 +217,19 @@ def count_collectives(hlo_text: str) -> dict:
           for kind in COLLECTIVE_KINDS if seen.get(kind)}
 
 
+def primitive_counts(jaxpr) -> collections.Counter:
+  """How many equations of each primitive a (closed) jaxpr holds, nested jaxprs included."""
+  jaxpr = getattr(jaxpr, 'jaxpr', jaxpr)
+  counts = collections.Counter()
+  for eqn in jaxpr.eqns:
+    counts[eqn.primitive.name] += 1
+    for value in eqn.params.values():
+      for item in value if isinstance(value, (tuple, list)) else (value,):
+        if hasattr(item, 'eqns') or hasattr(getattr(item, 'jaxpr', None), 'eqns'):
+          counts += primitive_counts(item)
+  return counts
+
+
 def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFigures:
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -249,11 +267,12 @@ def required_bytes(message: str) -> int:
   return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
 
 
-def _compile(fn, args, name: str, model_flops: float) -> StepFigures:
+def _compile(fn, args, name: str, model_flops: float, keep_text: bool = False) -> StepFigures:
   start = time.perf_counter()
   with _stderr_to_file() as output:
     try:
-      compiled = fn.lower(*args).compile()
+      lowered = fn.lower(*args)
+      compiled = lowered.compile()
     except Exception as e:  # pylint: disable=broad-except (XLA reports its own types)
       detail = ' '.join(str(e).split())
       if 'RESOURCE_EXHAUSTED' in detail and 'memory' in detail.lower():
@@ -265,12 +284,17 @@ def _compile(fn, args, name: str, model_flops: float) -> StepFigures:
       logged = output().strip().splitlines()
       raise CompileError(f'the {name} step did not compile: {detail[:400]}'
                          + (f' ({logged[-1][:200]})' if logged else '')) from None
-  return _figures(name, compiled, time.perf_counter() - start, model_flops)
+  figures = _figures(name, compiled, time.perf_counter() - start, model_flops)
+  if keep_text:
+    figures.text = {'lowered': lowered.as_text(), 'compiled': compiled.as_text(),
+                    'primitives': ','.join(f'{k}={v}' for k, v in sorted(
+                        primitive_counts(fn.trace(*args).jaxpr).items()))}
+  return figures
 
 
 def compile_for_topology(config, topology: str, *, num_slices: int = 1,
                          eval_lengths: Sequence[int] = (), eval_batch_size: int = 0,
-                         devices: Optional[list] = None) -> CompileReport:
+                         devices: Optional[list] = None, keep_text: bool = False) -> CompileReport:
   """Compiles `config`'s training step (and eval forward at `eval_lengths`) for `topology`.
 
   `config`: an ml_collections config as `train/main.py` takes (configs/base.py sections); the
@@ -316,7 +340,8 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
         pad_id=int(config.model.pad_id), loss_chunk_tokens=t.get('loss_chunk_tokens', 0))
     train_flops = (flops_lib.train_flops_per_token(model_config, seq_len) * t.batch_size
                    * seq_len / len(devices))
-    steps.append(_compile(step, (state_args, {'tokens': tokens}), 'train', train_flops))
+    steps.append(_compile(step, (state_args, {'tokens': tokens}), 'train', train_flops,
+                          keep_text))
     for length in eval_lengths:
       steps.append(_compile_eval(model, mesh, state_args.params, length,
                                  eval_batch_size or t.batch_size, int(config.model.pad_id)))
