@@ -434,18 +434,21 @@ def format_report(report: CompileReport) -> str:
 
   row('parameters', [gib(report.param_bytes)] + [''] * (len(report.steps) - 1))
   row('optimizer state', [gib(report.optimizer_bytes)] + [''] * (len(report.steps) - 1))
-  row('arguments', [gib(st.argument_bytes) for st in report.steps])
-  row('outputs (not aliased)', [gib(st.output_bytes - st.alias_bytes) for st in report.steps])
-  row('temporaries', [gib(st.temp_bytes) for st in report.steps])
-  row('program code', [gib(st.generated_code_bytes) for st in report.steps])
+  known = lambda st, b: '-' if st.out_of_memory else gib(b)  # pylint: disable=unnecessary-lambda-assignment
+  row('arguments', [known(st, st.argument_bytes) for st in report.steps])
+  row('outputs (not aliased)', [known(st, st.output_bytes - st.alias_bytes)
+                                for st in report.steps])
+  row('temporaries', [known(st, st.temp_bytes) for st in report.steps])
+  row('program code', [known(st, st.generated_code_bytes) for st in report.steps])
   row('total', [gib(st.total_bytes) for st in report.steps])
   row('HBM', [gib(report.hbm_bytes)] * len(report.steps))
   row('fits', ['yes' if report.fits(st) else 'NO' for st in report.steps])
   row('model TFLOPs per step', [f'{st.model_flops / 1e12:.4g}' for st in report.steps])
-  row('XLA TFLOPs (loops once)', [f'{st.flops / 1e12:.4g}' for st in report.steps])
+  row('XLA TFLOPs (loops once)', ['-' if st.out_of_memory else f'{st.flops / 1e12:.4g}'
+                                   for st in report.steps])
   for kind in COLLECTIVE_KINDS:
     row(f'{kind} (ops / arrays)', [
-        f'{st.collectives.get(kind, {}).get("ops", 0)} / '
+        '-' if st.out_of_memory else f'{st.collectives.get(kind, {}).get("ops", 0)} / '
         f'{st.collectives.get(kind, {}).get("arrays", 0)}' for st in report.steps])
   row('compile time', [f'{st.compile_seconds:.1f} s' for st in report.steps])
   for st in report.steps:
