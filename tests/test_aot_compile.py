@@ -205,3 +205,12 @@ def test_the_tpu_program_takes_the_portable_path():
   assert portable.get('sin', 0) >= 1 and portable.get('cos', 0) >= 1
   assert 'sin' not in cpu and 'cos' not in cpu
   assert portable.get('optimization_barrier', 0) < cpu['optimization_barrier']
+
+
+def test_two_slices_put_the_data_axis_across_them():
+  config = tiny_config('rope', (2, 4, 1))
+  report = aot_compile.compile_for_topology(config, TOPOLOGY, num_slices=2)
+  assert report.num_devices == 8 and report.mesh == {'data': 2, 'fsdp': 4, 'tensor': 1}
+  assert report.fits()
+  with pytest.raises(aot_compile.CompileError, match=r'mesh.data \(1\) must be a multiple'):
+    aot_compile.compile_for_topology(tiny_config('rope', (1, 8, 1)), TOPOLOGY, num_slices=2)

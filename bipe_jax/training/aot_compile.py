@@ -326,7 +326,7 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   seq_len = int(config.data.seq_len)
   tx = optimizer_lib.make_optimizer(t)
   schedule = optimizer_lib.learning_rate_schedule(t)
-  mesh = mesh_lib.make_mesh(config.mesh, devices)
+  mesh = _mesh(config.mesh, devices, num_slices)
   # model.kernels='auto' resolves by the mesh's devices: the portable path for a TPU topology
   model = model_lib.Transformer(kernels.config_for_mesh(model_config, mesh))
   abstract, shardings = train_state.state_shardings(model, tx, mesh, seq_len)
@@ -352,6 +352,24 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
       param_bytes=shard_bytes(abstract.params, shardings.params),
       optimizer_bytes=shard_bytes(abstract.opt_state, shardings.opt_state),
       steps=steps, config_summary=_summary(config))
+
+
+def _mesh(mesh_config, devices: list, num_slices: int):
+  """The config's mesh over `devices`; over several slices the data axis spans them (the
+  slow links between slices carry only the data-parallel gradient reduction)."""
+  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  if num_slices == 1:
+    return mesh_lib.make_mesh(mesh_config, devices)
+  from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+  shape = mesh_lib.resolve_mesh_shape(
+      (mesh_config.data, mesh_config.fsdp, mesh_config.tensor), len(devices))
+  if shape[0] % num_slices:
+    raise CompileError(f'--num_slices={num_slices}: the data axis spans the slices, so '
+                       f'mesh.data ({shape[0]}) must be a multiple of it')
+  grid = mesh_utils.create_hybrid_device_mesh(
+      (shape[0] // num_slices,) + shape[1:], (num_slices, 1, 1), devices)
+  auto = (jax.sharding.AxisType.Auto,) * len(mesh_lib.MESH_AXES)
+  return jax.sharding.Mesh(grid, mesh_lib.MESH_AXES, axis_types=auto)
 
 
 def _compile_eval(model, mesh, param_args, length: int, batch_size: int,
