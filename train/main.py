@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)  # so config files can `from configs import base`
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -43,10 +43,10 @@ def main(argv):
     from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
     name = 'library.log' if _PROCESS_ID.value <= 0 else f'library.{_PROCESS_ID.value}.log'
     run_logging.send_library_logs_to(os.path.join(_WORKDIR.value, name))
-  from bipe_jax.training import cli  # pylint: disable=g-import-not-at-top
-  sys.exit(cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
+  from bipe_jax.training import cli as train_cli  # pylint: disable=g-import-not-at-top
+  sys.exit(train_cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
                    num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)
