@@ -2,7 +2,7 @@
 
 Both recompute each tile's logits and bias (`forward.tile_logits`) and its probabilities from the
 forward's log-sum-exp, p = exp(s - lse), so nothing of size [Tq, Tk] is stored. With
-delta = rowsum(dO * O) (computed outside, float32 [B, H, Tq, 1]):
+delta = rowsum(dO * O) (computed outside; it and the log-sum-exp are rows [B, H, 1, Tq]):
   dS = p * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,  dV = p^T dO,
   d params[h, :] = sum over tiles of `TileBias.param_grads(dS)`.
 dQ kernel: grid (B, H, query tiles, key tiles); it also writes each query tile's parameter
@@ -29,10 +29,10 @@ def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
   """(p, dS) float32 [q, k] of one tile."""
   s, vis = fwd.tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, tile_bias=tile_bias,
                            scale=scale, causal=causal)
-  p = jnp.where(vis, jnp.exp(s - lse_ref[...]), 0.0)
+  p = jnp.where(vis, jnp.exp(s - layout.row_to_column(lse_ref[...])), 0.0)
   dp = jax.lax.dot_general(do_ref[...], v_ref[...], fwd._TRANS_B,
                            preferred_element_type=jnp.float32)
-  return p, p * (dp - delta_ref[...])
+  return p, p * (dp - layout.row_to_column(delta_ref[...]))
 
 
 def _dq_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref,
@@ -106,7 +106,7 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
   n_q, n_k = tq // block_q, tk // block_k
   num_params = params_HxP.shape[-1]
   params = params_HxP.astype(jnp.float32)[:, None, :]
-  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)[:, :, None, :]
   args = (q_max, k_min, q, k, v, d_out, lse, delta, q_info, k_info, params)
   statics = dict(tile_bias=tile_bias, scale=scale, causal=causal, n_q_tiles=n_q, n_k_tiles=n_k)
 
@@ -117,8 +117,8 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
     kv = pl.BlockSpec((None, None, block_k, d),
                       lambda *a: (tile_of(*a)[0], jax.lax.div(tile_of(*a)[3], r),
                                   tile_of(*a)[2], 0))
-    row = pl.BlockSpec((None, None, block_q, 1),
-                       lambda *a: (tile_of(*a)[0], tile_of(*a)[3], tile_of(*a)[1], 0))
+    row = pl.BlockSpec((None, None, 1, block_q),
+                       lambda *a: (tile_of(*a)[0], tile_of(*a)[3], 0, tile_of(*a)[1]))
     return [qh, kv, kv, qh, row, row,
             *fwd.side_specs(block_q, block_k, num_params, tile_of)]
 

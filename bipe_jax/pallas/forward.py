@@ -4,7 +4,8 @@ Grid (B, H, query tiles, key tiles), key tiles innermost ("arbitrary"): the runn
 normaliser `l` and weighted sum live in VMEM scratch across the key tiles of one query tile.
 A key tile whose smallest causal index exceeds the query tile's largest is skipped (scalar
 prefetch of `layout.block_ranges`). Outputs the attention [B, H, Tq, Dh] and the per-row
-log-sum-exp [B, H, Tq, 1] (0 for a row that sees no key), the only residual the backward needs.
+log-sum-exp [B, H, 1, Tq] (0 for a row that sees no key), the only residual the backward needs;
+it is stored as a row because a [.., Tq, 1] array is padded to 128 lanes in TPU memory.
 GQA: query head h reads KV head h // (H / G).
 """
 
@@ -72,7 +73,8 @@ def _forward_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, p
     l = l_scr[...]
     seen = l > 0.0
     o_ref[...] = (acc_scr[...] / jnp.where(seen, l, 1.0)).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(seen, m_scr[...] + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+    lse = jnp.where(seen, m_scr[...] + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+    lse_ref[...] = layout.column_to_row(lse)
 
 
 def side_specs(block_q: int, block_k: int, num_params: int, tile_of):
@@ -87,7 +89,7 @@ def side_specs(block_q: int, block_k: int, num_params: int, tile_of):
 
 def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias: TileBias,
             scale: float, causal: bool, block_q: int, block_k: int, interpret: bool):
-  """(out [B, H, Tq, Dh] in q's dtype, lse float32 [B, H, Tq, 1]); Tq, Tk multiples of the
+  """(out [B, H, Tq, Dh] in q's dtype, lse float32 [B, H, 1, Tq]); Tq, Tk multiples of the
   blocks (pad first: bipe_jax.pallas.layout)."""
   b, h, tq, d = q.shape
   g, tk = k.shape[1], k.shape[2]
@@ -99,7 +101,7 @@ def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias: Til
   q_spec = pl.BlockSpec((None, None, block_q, d), lambda bb, hh, i, j, *_: (bb, hh, i, 0))
   kv_spec = pl.BlockSpec((None, None, block_k, d), lambda bb, hh, i, j, *_: (bb, jax.lax.div(hh, r), j, 0))
   sides = side_specs(block_q, block_k, params.shape[-1], lambda bb, hh, i, j, *_: (bb, i, j, hh))
-  lse_spec = pl.BlockSpec((None, None, block_q, 1), lambda bb, hh, i, j, *_: (bb, hh, i, 0))
+  lse_spec = pl.BlockSpec((None, None, 1, block_q), lambda bb, hh, i, j, *_: (bb, hh, 0, i))
   return pl.pallas_call(
       kernel,
       grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -111,7 +113,7 @@ def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias: Til
                           pltpu.VMEM((block_q, 1), jnp.float32),
                           pltpu.VMEM((block_q, d), jnp.float32)]),
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((b, h, tq, 1), jnp.float32)],
+                 jax.ShapeDtypeStruct((b, h, 1, tq), jnp.float32)],
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')),
       interpret=interpret,

@@ -76,3 +76,13 @@ def visible(q_info_QxI, k_info_IxK, causal: bool) -> jax.Array:
 def streams(q_info_QxI, k_info_IxK):
   """(q stream [q, 1], k stream [1, k]) int32 inside a kernel."""
   return q_info_QxI[:, STREAM:STREAM + 1], k_info_IxK[STREAM:STREAM + 1, :]
+
+
+def row_to_column(x_1xN: jax.Array) -> jax.Array:
+  """[1, N] -> [N, 1] inside a kernel (via an [8, N] transpose, a shape Mosaic transposes)."""
+  return jnp.broadcast_to(x_1xN, (INFO, x_1xN.shape[1])).T[:, :1]
+
+
+def column_to_row(x_Nx1: jax.Array) -> jax.Array:
+  """[N, 1] -> [1, N] inside a kernel (via an [N, 128] transpose)."""
+  return jnp.broadcast_to(x_Nx1, (x_Nx1.shape[0], 128)).T[:1, :]
