@@ -259,8 +259,9 @@ class Attention(nn.Module):
           k_side.stream(scheme.bias_stream), alibi.alibi_slopes(h), cfg.slope_factor))
     elif impl == 'pallas':
       tile_bias, bias_params = self._tile_bias()
+      batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
       kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=cfg.block_size,
-                    block_k=cfg.block_size)
+                    block_k=cfg.block_size, batch_axes=batch_axes, head_axes=head_axes)
       if scheme.bias != 'none':
         kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
                       k_streams=k_side.stream(scheme.bias_stream))

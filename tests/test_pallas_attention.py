@@ -9,6 +9,7 @@ import functools
 import chex
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -19,6 +20,8 @@ from bipe_jax import pallas
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import t5
+from bipe_jax.training import mesh as mesh_lib
+from bipe_jax.training import train_state
 
 B, H, G, T, D = 2, 4, 2, 21, 8  # T: not a multiple of the 8-row tiles
 BUCKETS, MAX_DISTANCE = 8, 16
@@ -165,7 +168,10 @@ def test_model_with_pallas_equals_dense(name, extra):
     return jnp.mean(jax.nn.log_softmax(logits).max(-1) * real * jnp.arange(20.0))
 
   want, g_want = jax.jit(jax.value_and_grad(lambda p: loss(dense, p)))(params)
-  got, g_got = jax.jit(jax.value_and_grad(lambda p: loss(kernel, p)))(params)
+  # Under the training mesh (one device here) the kernels run inside a shard_map.
+  mesh = mesh_lib.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)))
+  with train_state.mesh_context(mesh):
+    got, g_got = jax.jit(jax.value_and_grad(lambda p: loss(kernel, p)))(params)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   chex.assert_trees_all_close(g_got, g_want, rtol=1e-4, atol=1e-6)
 

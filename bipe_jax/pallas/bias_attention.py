@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from bipe_jax.pallas import backward as bwd
 from bipe_jax.pallas import forward as fwd
 from bipe_jax.pallas import layout
+from bipe_jax.pallas import sharding
 from bipe_jax.pallas.tile_bias import TileBias
 
 TPU_BLOCK = 128  # key tiles are lane-major on TPU: a multiple of 128 (or the whole padded axis)
@@ -86,7 +87,9 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
                      scale: Optional[float] = None,
                      block_q: int = TPU_BLOCK,
                      block_k: int = TPU_BLOCK,
-                     interpret: Optional[bool] = None) -> jax.Array:
+                     interpret: Optional[bool] = None,
+                     batch_axes: sharding.Axes = None,
+                     head_axes: sharding.Axes = None) -> jax.Array:
   """Attention with an on-the-fly bias; [B, H, Q, Dh] in q's dtype, equal to
   `bipe_jax.attention.dense_attention` with the matching bias_fn (values and gradients).
 
@@ -94,7 +97,8 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   bias reads (token or inter index; default the causal indices); tile_bias / bias_params_HxP:
   the bias kind and its per-head parameters (bipe_jax.pallas.tile_bias; zeros for 'none'); masks
   as bipe_jax.attention. Ragged lengths are padded to the tiles inside. block_k must be a
-  multiple of 128 on TPU when K is longer than it.
+  multiple of 128 on TPU when K is longer than it. Under a mesh, the kernels run per shard:
+  rows over the mesh axes `batch_axes`, heads over `head_axes` (bipe_jax.pallas.sharding).
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
   b, h, nq, d = q.shape
@@ -113,13 +117,28 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   tile_bias.check_params(bias_params_HxP, h)
   if q_streams is None:
     q_streams, k_streams = q_pos, k_pos
+  arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, q_pos=q_pos, k_pos=k_pos,
+                q_streams=q_streams, k_streams=k_streams, k_valid=k_valid,
+                q_document=q_document, k_document=k_document)
+  arrays = {name: x for name, x in arrays.items() if x is not None}
+  run = functools.partial(_run_on_shard, tile_bias=tile_bias, causal=causal, scale=scale,
+                          block_q=block_q, block_k=block_k, interpret=interpret)
+  return sharding.per_shard(run, arrays, num_heads=h, num_kv_heads=g, batch_axes=batch_axes,
+                            head_axes=head_axes)
+
+
+def _run_on_shard(a: dict, *, tile_bias, causal, scale, block_q, block_k, interpret):
+  """pallas_attention on one shard's arrays (`a`: the non-None arguments by name)."""
+  q, k, v = a['q'], a['k'], a['v']
+  nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
   bq, bk = _block(block_q, nq), _block(block_k, nk)
   tq, tk = layout.round_up(nq, bq), layout.round_up(nk, bk)
-  q_info = layout.query_info(q_pos, q_streams, q_document, tq)
-  k_info = layout.key_info(k_pos, k_streams, k_document, k_valid, tk)
+  q_info = layout.query_info(a['q_pos'], a['q_streams'], a.get('q_document'), tq)
+  k_info = layout.key_info(a['k_pos'], a['k_streams'], a.get('k_document'), a.get('k_valid'),
+                           tk)
   q_max, k_min = layout.block_ranges(q_info, k_info, bq, bk)
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
   static = _Static(tile_bias, scale, causal, bq, bk, interpret)
   out = _attend(static, layout.pad_to(q, 2, tq, 0), layout.pad_to(k, 2, tk, 0),
-                layout.pad_to(v, 2, tk, 0), bias_params_HxP, q_info, k_info, q_max, k_min)
+                layout.pad_to(v, 2, tk, 0), a['params'], q_info, k_info, q_max, k_min)
   return out[:, :, :nq]
