@@ -4,14 +4,15 @@
 Run (on a CPU host: libtpu compiles for a TPU topology without a TPU; minutes per point):
   ALLOW_MULTIPLE_LIBTPU_LOAD=1 JAX_PLATFORMS=cpu nice -n 10 .venv/bin/python \
       benchmarks/pallas_tpu_memory.py --preset bipe_alibi_151m --lengths 8192,32768 \
-      --impls blockwise,pallas --topology v5e:2x2 --per_chip_batch 1
+      --impls blockwise,pallas --topology v5e:2x2 --per_chip_batch 1 [--remat]
   --kernel_only: compile only the attention (forward + backward) of one layer's shapes.
 
 The step is bipe_jax's own (training/train_step.make_train_step: forward, backward, AdamW
 update) on a data-parallel mesh over the topology's chips, with model.scan_layers=true and the
-preset's dtype and block size; the batch is `per_chip_batch` rows of `length` tokens per chip.
+preset's dtype and block size (`--remat`: model.remat=true); the batch is `per_chip_batch` rows of `length` tokens per chip.
 Reports XLA's memory_analysis() per chip (arguments, outputs, temporaries) as JSON lines, and
-the count of Mosaic kernels in the compiled program (3 per attention: forward, dQ, dK/dV).
+the count of Mosaic kernels in the compiled program (3 per attention: forward, dQ, dK/dV); a
+point that does not fit in the chip's memory is reported with XLA's error line.
 `ALLOW_MULTIPLE_LIBTPU_LOAD=1` lets this run while another process holds libtpu's lock file.
 """
 
@@ -43,7 +44,7 @@ def _figures(compiled, t0: float) -> dict:
 
 
 def compile_train_step(preset: str, impl: str, length: int, topology: str,
-                       per_chip_batch: int) -> dict:
+                       per_chip_batch: int, remat: bool) -> dict:
   """Compiles the preset's training step for `topology`; its per-chip memory figures."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -58,7 +59,8 @@ def compile_train_step(preset: str, impl: str, length: int, topology: str,
 
   devices = _devices(topology)
   config = jax_step.load_config(preset, {
-      'model.attention_impl': impl, 'model.scan_layers': True, 'data.seq_len': length,
+      'model.attention_impl': impl, 'model.scan_layers': True, 'model.remat': remat,
+      'data.seq_len': length,
       'train.batch_size': per_chip_batch * len(devices)})
   config_validation.derive_fields(config)
   model = model_lib.Transformer(config_lib.model_config_from_dict(config.model))
@@ -120,16 +122,21 @@ def main(argv=None) -> int:
   parser.add_argument('--impls', default='blockwise,pallas')
   parser.add_argument('--topology', default='v5e:2x2')
   parser.add_argument('--per_chip_batch', type=int, default=1)
+  parser.add_argument('--remat', action='store_true', help='model.remat=true (per layer)')
   parser.add_argument('--kernel_only', action='store_true')
   args = parser.parse_args(argv)
   for length in (int(n) for n in args.lengths.split(',')):
     for impl in args.impls.split(','):
-      if args.kernel_only:
-        row = compile_kernel(impl, length, args.topology)
-      else:
-        row = compile_train_step(args.preset, impl, length, args.topology, args.per_chip_batch)
+      try:
+        if args.kernel_only:
+          row = compile_kernel(impl, length, args.topology)
+        else:
+          row = compile_train_step(args.preset, impl, length, args.topology,
+                                   args.per_chip_batch, args.remat)
+      except Exception as e:  # pylint: disable=broad-except (XLA's out-of-memory is a figure)
+        row = {'error': str(e).splitlines()[0][:300]}
       row = {'what': 'kernel' if args.kernel_only else args.preset, 'impl': impl,
-             'length': length, 'topology': args.topology, **row}
+             'length': length, 'topology': args.topology, 'remat': args.remat, **row}
       print(json.dumps(row), flush=True)
   return 0
 

@@ -40,10 +40,7 @@ def _dq_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta
                causal, n_q_tiles, n_k_tiles):
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
-  @pl.when(j == 0)
-  def _init():
-    dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
-    dparams_scr[...] = jnp.zeros(dparams_scr.shape, jnp.float32)
+  pl.when(j == 0)(lambda: fwd.zero(dq_scr, dparams_scr))
 
   @pl.when(fwd.should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
   def _compute():
@@ -65,10 +62,7 @@ def _dkv_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delt
                 n_q_tiles, n_k_tiles, group):
   b, j, r, i = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
 
-  @pl.when((r == 0) & (i == 0))
-  def _init():
-    dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
-    dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
+  pl.when((r == 0) & (i == 0))(lambda: fwd.zero(dk_scr, dv_scr))
 
   @pl.when(fwd.should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
   def _compute():

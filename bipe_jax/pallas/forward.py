@@ -36,6 +36,12 @@ def tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, *, tile_bias: TileBias
   return jnp.where(vis, s, NEG_INF), vis
 
 
+def zero(*refs) -> None:
+  """Sets float32 scratch refs to zero (the start of an accumulation)."""
+  for ref in refs:
+    ref[...] = jnp.zeros(ref.shape, jnp.float32)
+
+
 def should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal):
   """Whether key tile j can be visible to query tile i of row b (always, without causality)."""
   if not causal:
@@ -51,8 +57,7 @@ def _forward_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, p
   @pl.when(j == 0)
   def _init():
     m_scr[...] = jnp.full(m_scr.shape, NEG_INF, jnp.float32)
-    l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
-    acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+    zero(l_scr, acc_scr)
 
   @pl.when(should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
   def _compute():
