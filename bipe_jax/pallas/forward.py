@@ -16,10 +16,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from bipe_jax.kernels.gqa_products import NEG_INF
 from bipe_jax.pallas import layout
 from bipe_jax.pallas.tile_bias import TileBias
 
-NEG_INF = -1e30  # as bipe_jax.attention: finite, so exp() and its gradient stay NaN-free
 _TRANS_B = (((1,), (1,)), ((), ()))  # contract the last axis of both operands
 
 
