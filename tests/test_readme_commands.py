@@ -4,10 +4,10 @@ Every `train/main.py` command of the README's ```bash blocks is resolved as the 
 (config file + --config.* overrides through ml_collections, derived fields, validation), and a
 fine-tune (`train.init_from`) is checked against the README command that made its source with
 the CLI's own check (`init_from.check_source`: same encoding, same separators rule), without
-training anything: each command's workdir gets the config.json the run would record and an
-empty checkpoint folder (separator ids stand-ins for the tokenizer's). A recipe that silently changes the encoding of its source (the YaRN
-fine-tune of a bipe_alibi run that trained bipe_rope) fails here. Every flag of every README
-command is one its script defines.
+training anything: each command's workdir gets the config.json the run would record (stand-in
+separator ids for the tokenizer's) and an empty checkpoint folder. A recipe that silently
+changes the encoding of its source (the YaRN fine-tune of a bipe_alibi run that trained
+bipe_rope) fails here. Every flag of every README command is one its script defines.
 """
 
 import os
