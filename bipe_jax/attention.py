@@ -15,6 +15,9 @@ Three implementations share one contract:
                        per-key bias [B, H, 1, K]: the RoPE family, and the ALiBi family through
                        `alibi.alibi_key_bias` (see there for when that identity holds).
   cudnn_attention      the same, forced to `implementation='cudnn'` (GPU only).
+  pallas_attention     Pallas kernels (bipe_jax.pallas) that compute ALiBi / Kerple / T5 biases
+                       per tile from a bias kind and its per-head parameters (`tile_bias`,
+                       `bias_params_HxP`) instead of a bias_fn; linear memory in both passes.
 
 Positions. `q_pos` [B, Q] / `k_pos` [B, K] are the CAUSAL indices (the index of the token in its
 row, or the cache slot while decoding): key k is visible to query q iff k_pos <= q_pos. The
@@ -58,7 +61,7 @@ BiasFn = Callable[[Any, Any], jax.Array]
 TransformFn = Callable[..., jax.Array]
 MaskFn = Callable[[Any, Any], jax.Array]
 
-ATTENTION_IMPLS = ('dense', 'blockwise', 'cudnn', 'fused')
+ATTENTION_IMPLS = ('dense', 'blockwise', 'cudnn', 'fused', 'pallas')
 FUSED_IMPLS = ('cudnn', 'fused')  # jax.nn.dot_product_attention: no bias_fn / transform
 
 
@@ -379,10 +382,25 @@ xla_fused_attention = _fused_impl('fused', None)
 cudnn_attention = _fused_impl('cudnn', 'cudnn')
 
 
+def pallas_attention(q_BxHxQxDh: jax.Array, k_BxGxKxDh: jax.Array, v_BxGxKxDh: jax.Array, *,
+                     bias_fn: Optional[BiasFn] = None, transform_fn: Optional[TransformFn] = None,
+                     mask_fn: Optional[MaskFn] = None, k_in_range: Optional[jax.Array] = None,
+                     **kwargs) -> jax.Array:
+  """attention_impl='pallas': `bipe_jax.pallas.pallas_attention` (the bias as `tile_bias` and
+  `bias_params_HxP`; ValueError for a bias_fn, score transform or mask_fn it cannot run)."""
+  del k_in_range  # no transform, so only k_valid matters
+  if bias_fn is not None or transform_fn is not None or mask_fn is not None:
+    raise ValueError("attention_impl='pallas' takes the bias as tile_bias / bias_params_HxP "
+                     "(ALiBi, Kerple, T5 or none), not a bias_fn, score transform or mask_fn; "
+                     "use 'blockwise' or 'dense' for this encoding.")
+  from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+  return pallas.pallas_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
+
+
 def attention_fn(impl: str) -> Callable[..., jax.Array]:
   """The attention function for `model.attention_impl` (see ATTENTION_IMPLS)."""
   impls = {'dense': dense_attention, 'blockwise': blockwise_attention,
-           'cudnn': cudnn_attention, 'fused': xla_fused_attention}
+           'cudnn': cudnn_attention, 'fused': xla_fused_attention, 'pallas': pallas_attention}
   if impl not in impls:
     raise ValueError(f'attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}.')
   return impls[impl]
