@@ -134,8 +134,14 @@ def main(argv=None) -> None:
   p.add_argument('--timeout', type=float, default=3600)
   p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
   p.add_argument('--out', default=None, help='path prefix: writes <out>.md and <out>.json')
+  p.add_argument('--combine', default=None,
+                 help='comma-separated .json results of earlier runs (e.g. before and after): '
+                      'writes their points as one table instead of measuring')
   args = p.parse_args(argv)
   lengths = [int(x) for x in args.lengths.split(',')]
+  if args.combine:
+    _write(combine_results(args.combine.split(',')), args)
+    return
   if args.child:
     print(json.dumps({'points': [child(args.target, args.encodings, t, args.layers,
                                        args.block_size) for t in lengths]}), flush=True)
@@ -155,10 +161,28 @@ def main(argv=None) -> None:
         res = {**res, 'label': args.label, 'encoding': enc, 'length': t}
         results.append(res)
         print(json.dumps(res), file=sys.stderr, flush=True)
+  _write(results, args)
+
+
+def combine_results(paths) -> list:
+  """The points of several result files, in order; a failed point is dropped when another
+  file has the same (code, encoding, length) measured."""
+  points = []
+  for path in paths:
+    with open(path) as f:
+      points += json.load(f)['data']
+  key = lambda r: (r['label'], r['encoding'], r['length'])
+  measured = {key(r) for r in points if 'temp_bytes' in r}
+  kept = [r for r in points if 'temp_bytes' in r or key(r) not in measured]
+  return sorted(kept, key=lambda r: (r['label'] != 'before', key(r)[1:]))
+
+
+def _write(results, args) -> None:
   where = (f'compiled for TPU {TPU_TOPOLOGY} (4 chips, batch 1 per chip)' if args.target == 'tpu'
            else 'compiled and run on this CPU host (batch 1)')
   title = (f'Long-context training step memory, {where}: tiny width, {args.layers} layers, '
-           f'blockwise attention (block {args.block_size}), code: {args.label}')
+           f'blockwise attention (block {args.block_size}), code: '
+           + ' and '.join(dict.fromkeys(r['label'] for r in results)))
   text = '\n'.join([f'### {title}', '', f'Measured {common.machine_line()}.', '',
                     _table(results, args.target), ''])
   print(text, flush=True)
