@@ -156,8 +156,9 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
         p = jnp.where(vis, jnp.exp(logits - m_new), 0.0)
         corr = jnp.exp(m - m_new)
         v_blk = A._slice(v_p, j * bk + halo, bk, 2)
-        return (m_new, corr * l + jnp.sum(p, axis=-1, keepdims=True),
-                corr * acc + A._weighted_values(p, v_blk))
+        pv = jnp.einsum('bgxk,bgkd->bgxd', _grouped(p, g).astype(v_p.dtype), v_blk,
+                        preferred_element_type=_F32).reshape(acc.shape)
+        return m_new, corr * l + jnp.sum(p, axis=-1, keepdims=True), corr * acc + pv
 
       init = (jnp.full((b, h, bq, 1), A.NEG_INF, _F32), jnp.zeros((b, h, bq, 1), _F32),
               jnp.zeros((b, h, bq, d), _F32))
