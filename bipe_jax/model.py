@@ -48,8 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from bipe_jax import attention as attention_lib
-from bipe_jax.matmul import matmul_2d  # pylint: disable=unused-import (model.matmul_2d)
-from bipe_jax.matmul import matmul_einsum
+from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax.config import ModelConfig
 from bipe_jax.encodings import absolute
@@ -88,19 +87,17 @@ class Side:
 
 def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array,
                 num_positions: Optional[int] = None) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [B, 1, T, Dh] of the config's RoPE (base, scaling) at `positions`.
+  """(cos, sin) [B, 1, T, Dh] of the config's RoPE (base, scaling) at `positions`, as the
+  config's kernels path makes them once per forward pass (bipe_jax.kernels: computed in the
+  program, or on CPU read from host tables up to a bound).
 
-  `num_positions`: a bound the caller guarantees (every position in [0, num_positions)); up to
-  `rope.MAX_TABLE_POSITIONS` the values are read from host-computed tables instead of
-  evaluating sin / cos in the program (same values up to float32 rounding; see
-  `rope.rope_cos_sin_lookup` for why).
+  `num_positions`: a bound the caller guarantees (every position in [0, num_positions)).
   """
   inv_freq = rope.rope_inv_frequencies(cfg.head_size, cfg.rope_base, cfg.rope_scaling,
                                        cfg.rope_scaling_factor, cfg.rope_original_length)
   mscale = rope.rope_attention_scale(cfg.rope_scaling, cfg.rope_scaling_factor)
-  if num_positions is not None and num_positions <= rope.MAX_TABLE_POSITIONS:
-    return rope.rope_cos_sin_lookup(positions_BxT, inv_freq, num_positions, mscale)
-  return rope.rope_cos_sin(positions_BxT, inv_freq, mscale)
+  return kernels_lib.select(cfg.kernels).rope_cos_sin(positions_BxT, inv_freq, mscale,
+                                                      num_positions)
 
 
 class RMSNorm(nn.Module):
@@ -118,30 +115,38 @@ class RMSNorm(nn.Module):
 
 
 class Projection(nn.Module):
-  """A bias-free linear map given by an einsum equation (computed as one 2-D matmul);
-  param 'kernel' of `shape` (float32)."""
+  """A bias-free linear map given by an einsum equation, computed by the `kernels` path's
+  `project` (bipe_jax.kernels); param 'kernel' of `shape` (float32)."""
   shape: tuple
   axes: tuple
   equation: str
   dtype: Any = jnp.float32
+  kernels: str = 'auto'
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.param('kernel', nn.with_logical_partitioning(_INIT, self.axes), self.shape,
                         jnp.float32)
-    return matmul_einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    project = kernels_lib.select(self.kernels).project
+    return project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+def _module_params(make_module: Callable[..., nn.Module], name: str, *example_args) -> dict:
+  """Creates `make_module(name=name)`'s params in the current scope (by one call on tiny
+  `example_args`) and returns them."""
+  bound = make_module(name=name)
+  bound(*example_args)
+  return bound.variables.get('params', {})
 
 
 def _pure(make_module: Callable[..., nn.Module], name: str, *example_args) -> Callable:
-  """Creates `make_module(name=name)`'s params in the current scope (by one call on tiny
-  `example_args`) and returns a pure function with those params closed over.
+  """Creates `make_module(name=name)`'s params in the current scope and returns a pure function
+  with those params closed over.
 
   Linen modules cannot be called inside `lax.scan` (the blockwise attention loop); the returned
   function applies an unbound copy with explicit params, which can.
   """
-  bound = make_module(name=name)
-  bound(*example_args)
-  params = bound.variables.get('params', {})
+  params = _module_params(make_module, name, *example_args)
   unbound = make_module(parent=None)
   return lambda *args: unbound.apply({'params': params}, *args)
 
@@ -171,6 +176,31 @@ class Attention(nn.Module):
       return _pure(make, 't5', pos1, pos1)
     return None
 
+  def _tile_bias(self) -> tuple:
+    """(TileBias, params [H, P]) of the scheme's bias for attention_impl='pallas': the same
+    parameters (names, initialisers, Kerple's clamp) as `_bias_fn`'s modules."""
+    from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+    cfg, s = self.config, self.config.scheme
+    h = cfg.num_heads
+    pos1 = jnp.zeros((1, 1), jnp.int32)
+    if s.bias == 'alibi':
+      slopes = alibi.alibi_slopes(h) * cfg.slope_factor
+      return pallas.TileBias('alibi'), jnp.asarray(slopes, jnp.float32)[:, None]
+    if s.bias == 'kerple':
+      params = _module_params(functools.partial(kerple.KerpleLogBias, h), 'kerple', pos1, pos1)
+      p_a = [kerple.clamp_straight_through(params[n], kerple.KERPLE_MIN)
+             for n in kerple.KERPLE_PARAM_NAMES]
+      return pallas.TileBias('kerple'), jnp.stack(p_a, axis=1)
+    if s.bias == 't5':
+      make = functools.partial(t5.T5RelativeBias, h, num_buckets=cfg.t5_buckets,
+                               max_distance=cfg.t5_max_distance)
+      table_NxH = _module_params(make, 't5', pos1, pos1)['rel_embedding']
+      return (pallas.TileBias('t5', t5_buckets=cfg.t5_buckets,
+                              t5_max_distance=cfg.t5_max_distance), table_NxH.T)
+    if s.bias != 'none':
+      raise ValueError(f"attention_impl='pallas' does not cover bias {s.bias!r}.")
+    return pallas.TileBias('none'), None
+
   def _transform_fn(self) -> tuple:
     """(transform_fn(scores, bias, q_pos, k_pos, k_in_range) or None, halo)."""
     cfg, s = self.config, self.config.scheme
@@ -193,7 +223,7 @@ class Attention(nn.Module):
     cfg, scheme = self.config, self.config.scheme
     h, g, dh, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.hidden_size
     dtype = cfg.compute_dtype
-    proj = lambda n, shape, axes, eq: Projection(shape, axes, eq, dtype, name=n)
+    proj = lambda n, shape, axes, eq: Projection(shape, axes, eq, dtype, cfg.kernels, name=n)
     q = proj('query', (d, h, dh), ('embed', 'heads', 'head_dim'), 'btd,dhk->bhtk')(x_BxTxD)
     k = proj('key', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
     v = proj('value', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
@@ -218,7 +248,7 @@ class Attention(nn.Module):
         k, v = cached_k.value, cached_v.value
 
     impl = cfg.attention_impl
-    if self.decode and impl in attention_lib.FUSED_IMPLS:
+    if self.decode and impl in (*attention_lib.FUSED_IMPLS, 'pallas'):
       impl = 'dense'
     transform_fn, halo = self._transform_fn()
     kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, transform_fn=transform_fn)
@@ -226,6 +256,14 @@ class Attention(nn.Module):
       # ALiBi as a per-key bias (alibi.alibi_key_bias: equal after the softmax)
       kwargs.update(key_bias_BxHx1xK=alibi.alibi_key_bias(
           k_side.stream(scheme.bias_stream), alibi.alibi_slopes(h), cfg.slope_factor))
+    elif impl == 'pallas':
+      tile_bias, bias_params = self._tile_bias()
+      batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
+      kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=cfg.block_size,
+                    block_k=cfg.block_size, batch_axes=batch_axes, head_axes=head_axes)
+      if scheme.bias != 'none':
+        kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
+                      k_streams=k_side.stream(scheme.bias_stream))
     elif (bias_fn := self._bias_fn()) is not None:
       kwargs.update(bias_fn=bias_fn, q_streams=q_side.stream(scheme.bias_stream),
                     k_streams=k_side.stream(scheme.bias_stream))
@@ -237,6 +275,8 @@ class Attention(nn.Module):
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
     if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
+    if impl == 'dense':
+      kwargs.update(kernels=cfg.kernels)
     out_BxHxTxDh = attention_lib.attention_fn(impl)(q, k, v, **kwargs)
     out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
                                               ('batch', 'heads', 'length', 'head_dim'))
@@ -262,11 +302,12 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     cfg = self.config
-    d, f, dtype = cfg.hidden_size, cfg.ffn_size, cfg.compute_dtype
-    gate = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, name='gate')(x_BxTxD)
-    up = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, name='up')(x_BxTxD)
+    d, f, dtype, kern = cfg.hidden_size, cfg.ffn_size, cfg.compute_dtype, cfg.kernels
+    gate = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, kern, name='gate')(x_BxTxD)
+    up = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, kern, name='up')(x_BxTxD)
     hidden_BxTxF = nn.with_logical_constraint(swiglu(gate, up), ('batch', 'length', 'mlp'))
-    return Projection((f, d), ('mlp', 'embed'), 'btf,fd->btd', dtype, name='down')(hidden_BxTxF)
+    return Projection((f, d), ('mlp', 'embed'), 'btf,fd->btd', dtype, kern,
+                      name='down')(hidden_BxTxF)
 
 
 class DecoderLayer(nn.Module):
@@ -437,13 +478,11 @@ class Transformer(nn.Module):
     else:
       q_side, k_side, cache_index = sides
     if scheme.rotary != 'none':
-      # sin/cos once per forward pass. Streams computed here from the token ids lie in [0, t),
-      # so they are read from host tables; given positions or a decode cache may hold any
-      # value, so they are computed (the barrier asks XLA to materialise them once; XLA CPU
-      # drops it before fusion and recomputes them in every consumer, hence the tables).
+      # sin/cos once per forward pass. Streams computed here from the token ids lie in [0, t)
+      # (a bound the CPU path reads host tables up to); given positions or a decode cache may
+      # hold any value.
       bound = t if sides is None and positions is None else None
-      cos, sin = jax.lax.optimization_barrier(
-          rope_tables(cfg, q_side.stream(scheme.rotary), bound))
+      cos, sin = rope_tables(cfg, q_side.stream(scheme.rotary), bound)
       q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,
@@ -482,7 +521,7 @@ class Transformer(nn.Module):
     if return_hidden:
       return x
     logits = Projection((cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'), 'btd,dv->btv',
-                        dtype, name='lm_head')(x)
+                        dtype, cfg.kernels, name='lm_head')(x)
     return logits.astype(jnp.float32)
 
 
