@@ -275,7 +275,7 @@ class Attention(nn.Module):
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
     if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
-    if impl == 'dense':
+    if impl in ('dense', 'blockwise'):  # blockwise of one block is dense attention
       kwargs.update(kernels=cfg.kernels)
     out_BxHxTxDh = attention_lib.attention_fn(impl)(q, k, v, **kwargs)
     out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
