@@ -1,8 +1,16 @@
 """`ModelConfig`: the model section of the ml_collections config as a frozen, validated dataclass.
 
-  cfg = model_config_from_dict(config.model)   # validates, raises ValueError naming the field
+  cfg = ModelConfig(position_encoding='bipe_rope', separator_ids=(13,), ...)  # validates itself
+  cfg = model_config_from_dict(config.model)   # the same from a config section (unknown keys: error)
+
+A ModelConfig checks every field when it is constructed (`validate_model_config`) and raises
+ValueError naming the field. A config whose separator ids or inter-stream original length are
+resolved later, at training start, is built with `model_config_from_dict(...,
+require_separators=False, inter_length_later=True)`.
 """
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Any, Mapping, Tuple
 
@@ -57,6 +65,11 @@ class ModelConfig:
   t5_buckets: int = 32
   t5_max_distance: int = 128
 
+  def __post_init__(self):
+    if isinstance(self.separator_ids, (list, tuple)):
+      object.__setattr__(self, 'separator_ids', tuple(self.separator_ids))
+    validate_model_config(self, **_CHECKS.get())
+
   # Derived values (no new fields, so the dataclass mirrors the config exactly).
   @property
   def kv_heads(self) -> int:
@@ -77,6 +90,20 @@ class ModelConfig:
   @property
   def slope_factor(self) -> float:
     return self.alibi_slope_factor or self.scheme.alibi_slope_factor
+
+
+# Options of validate_model_config for the ModelConfigs constructed in `_checks(...)` (only
+# model_config_from_dict relaxes them); outside, a ModelConfig is checked with the defaults.
+_CHECKS: contextvars.ContextVar[dict] = contextvars.ContextVar('model_config_checks', default={})
+
+
+@contextlib.contextmanager
+def _checks(**options):
+  token = _CHECKS.set(options)
+  try:
+    yield
+  finally:
+    _CHECKS.reset(token)
 
 
 def _err(field: str, value: Any, allowed: str) -> ValueError:
@@ -203,5 +230,5 @@ def model_config_from_dict(model: Mapping[str, Any], *,
   values['separator_ids'] = tuple(int(i) for i in ids)
   if values.get('separators') == 'official' and not values['separator_ids']:
     values['separator_ids'] = OFFICIAL_SEPARATOR_IDS
-  return validate_model_config(ModelConfig(**values), require_separators=require_separators,
-                               inter_length_later=inter_length_later)
+  with _checks(require_separators=require_separators, inter_length_later=inter_length_later):
+    return ModelConfig(**values)
