@@ -90,6 +90,22 @@ def test_the_data_layer_imports_no_task():
   assert {m: t for m, t in offenders.items() if t} == {}
 
 
+def test_training_and_evaluation_do_not_import_each_other_through_run_restoring():
+  """Restoring a run (evaluation, generation, init_from, convert) and scoring blocks (evaluation,
+  the trainer's validation) live below both packages: training imports no evaluation module, and
+  neither shared module imports evaluation or the trainer."""
+  graph = import_graph()
+  into_evaluation = {m: sorted(t for t in targets if t.startswith('bipe_jax.evaluation'))
+                     for m, targets in graph.items()
+                     if m.startswith('bipe_jax.training') or m in ('bipe_jax.run_restore',
+                                                                   'bipe_jax.block_scoring')}
+  assert {m: t for m, t in into_evaluation.items() if t} == {}
+  assert 'bipe_jax.run_restore' in graph['bipe_jax.training.init_from']
+  assert 'bipe_jax.block_scoring' in graph['bipe_jax.training.validation']
+  for shared in ('bipe_jax.run_restore', 'bipe_jax.block_scoring'):
+    assert 'bipe_jax.training.trainer' not in graph[shared]
+
+
 def test_config_does_not_import_the_model():
   assert 'bipe_jax.model' not in import_graph()['bipe_jax.config']
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 from bipe_jax.evaluation import perplexity as ppl
-from bipe_jax.evaluation import runs as runs_lib
+from bipe_jax import run_restore as runs_lib
 from bipe_jax.evaluation import sweep
 
 

@@ -39,7 +39,7 @@ def parse_source(spec: str) -> tuple[str, int | None]:
 
 
 def _is_workdir(path: str) -> bool:
-  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(os.path.join(path, 'config.json')):
     return False
   try:
@@ -58,7 +58,7 @@ def load_source_params(spec: str, *, separator_ids: Sequence[int] = ()) -> tuple
   if not os.path.isdir(path):
     raise InitFromError(f'train.init_from={spec!r}: {path} is not a directory')
   if _is_workdir(path):
-    from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+    from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
     try:
       run = runs.load_run(path, step=step, attention_impl='dense')
     except runs.RunError as e:
@@ -84,7 +84,7 @@ def source_seq_len(spec: str) -> int | None:
   path, _ = parse_source(spec)
   if not _is_workdir(path):
     return None
-  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   return int(runs.read_config(path).data.seq_len)
 
 

@@ -1,4 +1,5 @@
-"""Restoring a trained run from its workdir for evaluation.
+"""Restoring a trained run from its workdir: for evaluation, generation, `train.init_from` and
+conversion (below training and evaluation, so neither imports the other).
 
 A training workdir (train/main.py) holds the config the run used and Orbax checkpoints of the
 train state (bipe_jax/training/checkpointing.py). `load_run` reads the config, rebuilds the
