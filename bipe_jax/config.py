@@ -27,38 +27,41 @@ ROPE_SCALINGS = ('none', 'linear', 'ntk', 'yarn')
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Every field of configs/base.py `model_defaults()` (see there for the meaning of each)."""
+  """The model section of a run's config: the one place its fields and defaults are defined
+  (configs/base.py builds `config.model` from them)."""
   vocab_size: int = 4096
   hidden_size: int = 128
   num_layers: int = 4
   num_heads: int = 4
-  num_kv_heads: int = 0  # 0 = num_heads
+  num_kv_heads: int = 0  # 0 = same as num_heads (multi-head attention)
   head_dim: int = 0  # 0 = hidden_size // num_heads
   ffn_size: int = 512
   rms_eps: float = 1e-5
   position_encoding: str = 'bipe_rope'
-  max_intra: int = 1024
-  max_position: int = 1024
+  max_intra: int = 1024  # learned intra-segment table size (official: training length 1024)
+  max_position: int = 1024  # learned absolute table size ('learned' encoding)
   intra_zero_last_row: bool = False  # official quirk: last intra row is zero (padding_idx=-1)
-  train_length: int = 1024  # training sequence length: FIRE's L0, RoPE log-scale reference
+  train_length: int = 0  # FIRE's L0, RoPE log-scale reference; 0 = data.seq_len (derived at start)
   rope_base: float = 10000.0
-  rope_scaling: str = 'none'
+  rope_scaling: str = 'none'  # none | linear | ntk | yarn
   rope_scaling_factor: float = 1.0
-  rope_original_length: int = 1024
+  rope_original_length: int = 0  # RoPE scaling's original length; 0 = data.seq_len (derived)
   rope_log_scale: bool = False  # BiPE option: q *= log(pos + 1) / log(train_length)
-  alibi_slope_factor: float = 0.0  # 0 = the scheme's default
-  separators: str = 'auto'
-  separator_ids: Tuple[int, ...] = ()
+  alibi_slope_factor: float = 0.0  # 0 = scheme default (96 for bipe_alibi, 1 otherwise)
+  separators: str = 'auto'  # auto (tokenizer rule) | official ({869, 13}) | ids (separator_ids)
+  separator_ids: Tuple[int, ...] = ()  # resolved at start when separators != 'ids'
   bos_id: int = 1
   eos_id: int = 2
-  pad_id: int = -1
-  restart_at_documents: bool = False
-  mask_across_documents: bool = False
-  attention_impl: str = 'blockwise'
+  pad_id: int = -1  # -1 = no padding token
+  restart_at_documents: bool = False  # official BiPE: segments do not restart at BOS
+  mask_across_documents: bool = False  # official: packed documents attend to each other
+  attention_impl: str = 'blockwise'  # dense | blockwise | cudnn
   block_size: int = 128
-  dtype: str = 'float32'
+  dtype: str = 'float32'  # compute dtype; float32 | bfloat16
   remat: bool = False
-  scan_layers: bool = False  # nn.scan over the decoder layers (params under 'layers', [L, ...])
+  # nn.scan over the decoder layers: one compiled layer body (compile time flat in depth);
+  # parameters under 'layers' with a leading [num_layers] axis (model.stack_layer_params).
+  scan_layers: bool = False
   dape_hidden: int = 32
   dapev2_kernel: int = 3
   fire_hidden: int = 32
@@ -104,6 +107,11 @@ def _checks(**options):
     yield
   finally:
     _CHECKS.reset(token)
+
+
+def default_fields() -> dict[str, Any]:
+  """Every field of ModelConfig -> its default (the model section of configs/base.py)."""
+  return {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
 def _err(field: str, value: Any, allowed: str) -> ValueError:

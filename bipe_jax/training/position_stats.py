@@ -84,7 +84,7 @@ def resolve_inter_original_length(config, workdir: str, own_stats) -> str:
     if recorded:
       config.model.rope_original_length = recorded
       return f'{recorded} (recorded in {saved})'
-  spec = config.train.get('init_from', '')
+  spec = config.train.init_from
   if spec:
     source, _ = init_from.parse_source(spec)
     stats = read(source)

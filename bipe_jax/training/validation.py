@@ -45,11 +45,11 @@ class ValidationSlice:
 def make_validation_slice(config) -> ValidationSlice | None:
   """The slice for `config` (None when train.eval_every is 0)."""
   t = config.train
-  if not int(t.get('eval_every', 0)):
+  if not int(t.eval_every):
     return None
   from bipe_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   seq_len = int(config.data.seq_len)
-  eval_tokens = int(t.get('eval_tokens', 16384))
+  eval_tokens = int(t.eval_tokens)
   if eval_tokens < seq_len:
     raise ValidationSliceError(f'train.eval_tokens={eval_tokens} is invalid: must be at least '
                                f'data.seq_len={seq_len} (one block)')
