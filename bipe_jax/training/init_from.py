@@ -26,6 +26,8 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from bipe_jax import workdir_io
+
 
 class InitFromError(ValueError):
   """train.init_from cannot be used: the message names the path or the parameter."""
@@ -35,15 +37,15 @@ def parse_source(spec: str) -> tuple[str, int | None]:
   """'DIR' -> (DIR, None); 'DIR@123' -> (DIR, 123)."""
   match = re.fullmatch(r'(.+)@(\d+)', spec)
   path, step = (match.group(1), int(match.group(2))) if match else (spec, None)
-  return os.path.abspath(os.path.expanduser(path)), step
+  return workdir_io.absolute(path), step
 
 
 def _is_workdir(path: str) -> bool:
   from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
-  if not os.path.isfile(os.path.join(path, 'config.json')):
+  if not workdir_io.isfile(os.path.join(path, 'config.json')):
     return False
   try:
-    return os.path.isdir(runs.checkpoint_dir(path, runs.read_config(path)))
+    return workdir_io.isdir(runs.checkpoint_dir(path, runs.read_config(path)))
   except Exception:  # pylint: disable=broad-except  (an HF config.json is not ours)
     return False
 
@@ -55,7 +57,7 @@ def load_source_params(spec: str, *, separator_ids: Sequence[int] = ()) -> tuple
   not depend on them); the new run's resolved ids.
   """
   path, step = parse_source(spec)
-  if not os.path.isdir(path):
+  if not workdir_io.isdir(path):
     raise InitFromError(f'train.init_from={spec!r}: {path} is not a directory')
   if _is_workdir(path):
     from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top

@@ -19,6 +19,7 @@ import math
 import os
 import time
 
+from bipe_jax import workdir_io
 from bipe_jax.training import flops as flops_lib
 
 
@@ -58,10 +59,12 @@ class ProgressLogger:
     self._writer = None
     self._jsonl = None
     if enabled:
-      os.makedirs(workdir, exist_ok=True)
+      workdir_io.makedirs(workdir)
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      if not workdir_io.is_local(workdir):  # events through etils.epath, like every run file
+        _register_epath_event_writer(workdir.split(':')[0])
       self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      self._jsonl = workdir_io.open_append(os.path.join(workdir, 'metrics.jsonl'))
 
   def record(self, step: int, scalars: dict) -> dict | None:
     """Called once per finished step (in order) with its host scalars.
@@ -121,3 +124,19 @@ class ProgressLogger:
       self._writer.close()
     if self._jsonl is not None:
       self._jsonl.close()
+
+
+class _EpathEventWriters:
+  """tensorboardX writer factory for a URL scheme (gs://...): event files through etils.epath
+  (tensorboardX's own gs:// writer needs google-cloud-storage)."""
+
+  def open(self, path):
+    return workdir_io.RewritingAppender(path, binary=True)
+
+  def directory_check(self, path):
+    workdir_io.makedirs(path)
+
+
+def _register_epath_event_writer(scheme: str):
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  record_writer.register_writer_factory(scheme, _EpathEventWriters())

@@ -27,6 +27,7 @@ from jax.experimental import multihost_utils
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import run_tokenizer
+from bipe_jax import workdir_io
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import data_loading
@@ -199,7 +200,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
   except run_record.ResumeMismatchError as e:
     raise config_validation.ConfigError(str(e)) from None
   if is_main:
-    os.makedirs(workdir, exist_ok=True)
+    workdir_io.makedirs(workdir)
 
   tx = optimizer_lib.make_optimizer(t)
   schedule = optimizer_lib.learning_rate_schedule(t)
