@@ -1,6 +1,7 @@
 """Causal attention with per-block positional biases and score transforms.
 
-Layout is [B, H, T, Dh] throughout (PERFORMANCE.md: 3x faster on XLA CPU than [B, T, H, Dh]).
+Layout is [B, H, T, Dh] throughout (benchmarks/attention_layouts.py: 3x faster on XLA CPU than
+[B, T, H, Dh]).
 GQA: keys / values have G heads, G divides H; query head h reads KV head h // (H // G)
 (the Hugging Face `repeat_kv` order).
 

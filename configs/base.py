@@ -67,7 +67,7 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.eval_every = 0  # steps between validation measurements (0 = none); see training/validation.py
   t.eval_tokens = 16384  # validation tokens scored each time (a fixed slice of the split)
   # MFU denominator: peak FLOP/s of one device. Default: this project's 2-core CPU measured at
-  # 2.0e11 float32 FLOP/s (PERFORMANCE.md); on CPU the fake devices of one process share it.
+  # 2.0e11 float32 FLOP/s (benchmarks/matmul_peak.py); on CPU the fake devices of one process share it.
   t.peak_flops_per_device = 0.0  # 0 = by device kind (training/flops.py); > 0 overrides
   return t
 

@@ -17,7 +17,7 @@ sentence, '!' and '?', and a newline for text; newlines only for code.
               of a sentence ('units.' -> 'its' '.'). We never split on it, so decimal points and
               abbreviations never end a segment, and a sentence whose period is that piece ends
               its segment at the next newline or unambiguous punctuation (the official models
-              likewise split on '▁.' and newline only: REFERENCE.md §1). For prose with one
+              likewise split on '▁.' and newline only: config.OFFICIAL_SEPARATOR_IDS). For prose with one
               sentence per line nothing is lost; hard-wrapped text splits at its line ends.
               Likewise a bare '!' or '?' piece is taken as sentence-final although code can
               produce it ('{x!r}' in an f-string): use 'newline' for code.
