@@ -8,8 +8,8 @@ except at checkpoints). Before a checkpoint the step's own scalars are checked, 
 checkpoint never holds a state reached through a NaN/Inf loss. A non-finite loss stops the
 run with `NonFiniteLossError` and the last good checkpoint stays the latest one.
 
-Preemption: SIGTERM (single process) or JAX's preemption sync point (multi-process) makes
-the loop save a checkpoint at the step it has reached and return cleanly.
+Preemption: SIGTERM or SIGINT (single process) or JAX's preemption sync point (multi-process)
+makes the loop save a checkpoint at the step it has reached and return cleanly.
 """
 
 import contextlib
@@ -26,6 +26,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bipe_jax import config as model_config_lib
+from bipe_jax import kernels
 from bipe_jax import run_tokenizer
 from bipe_jax import workdir_io
 from bipe_jax.training import checkpointing
@@ -56,18 +57,32 @@ class TrainResult:
   losses: dict  # {step: loss} of the steps this call ran
   preempted: bool
   checkpoint_steps: list
+  stop_signal: Optional[str] = None  # 'SIGTERM' / 'SIGINT' when preempted by a signal
 
 
 class _Preemption:
-  """SIGTERM -> a flag the loop polls (single process); JAX's sync point on multi-host."""
+  """SIGTERM or SIGINT (Ctrl-C) -> a flag the loop polls (single process); JAX's SIGTERM sync
+  point on multi-host (where a Ctrl-C stays a KeyboardInterrupt: the processes must agree on
+  the step to save at, which only JAX's preemption notifier arranges).
+
+  `signal_name` is the signal that stopped the run (None on multi-host: JAX's sync point does
+  not say)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self, checkpointer: checkpointing.Checkpointer):
     self._flag = threading.Event()
     self._checkpointer = checkpointer
-    self._previous = None
+    self._previous = {}
     self._multi = jax.process_count() > 1
+    self.signal_name = None
     if not self._multi and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._flag.set())
+      for signum in self.SIGNALS:
+        self._previous[signum] = signal.signal(signum, self._handle)
+
+  def _handle(self, signum, _):
+    self.signal_name = signal.Signals(signum).name
+    self._flag.set()
 
   def reached(self, step: int) -> bool:
     if self._multi:
@@ -75,8 +90,8 @@ class _Preemption:
     return self._flag.is_set()
 
   def close(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 def _barrier(name: str):
@@ -163,6 +178,11 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   config = config.copy_and_resolve_references()
   config_validation.derive_fields(config)
   config_validation.validate_config(config, jax.device_count())
+  if not checkpointing.step_dirs(config.checkpoint.dir or os.path.join(workdir, 'checkpoints')):
+    try:  # before anything is written (a resumed run ignores train.init_from)
+      init_from_lib.check_source(config)
+    except init_from_lib.InitFromError as e:
+      raise config_validation.ConfigError(str(e)) from None
   with workdir_lock.hold(workdir, enabled=jax.process_index() == 0):
     return _train(config, workdir, model=model, make_iterator=make_iterator)
 
@@ -185,6 +205,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
     model_config = model_config or model_config_lib.model_config_from_dict(config.model)
     model = model_lib.Transformer(model_config)
+  model = kernels.model_for_mesh(model, mesh)  # model.kernels='auto': the mesh's platform
   pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0
@@ -252,6 +273,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
         except init_from_lib.InitFromError as e:
           raise config_validation.ConfigError(str(e)) from None
         logger.event(f'parameters from {source}; optimizer state fresh, step 0')
+    logger.forget_after(start_step)  # steps past the checkpoint are trained (logged) again
     logging.info('train state ready')
     if is_main:  # only now: a failed restore never replaces the record of what was trained
       run_record.write_config(workdir, config)
@@ -265,7 +287,8 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
         loss_chunk_tokens=t.loss_chunk_tokens)
 
     record = _Record(logger, checkpointer, loader, ckpt_dir,
-                     last_good=start_step if restored is not None else None)
+                     last_good=start_step if restored is not None else None,
+                     signal_name=lambda: preemption.signal_name or 'SIGTERM')
     loop = train_loop.TrainLoop(
         step_fn=step_fn,
         next_batch=lambda: mesh_lib.global_batch(next(loader), mesh, t.batch_size),
@@ -283,16 +306,19 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     if logger is not None:
       logger.close()
   return TrainResult(step=end.step, start_step=start_step, losses=record.losses,
-                     preempted=end.stopped, checkpoint_steps=record.saved)
+                     preempted=end.stopped, checkpoint_steps=record.saved,
+                     stop_signal=record.signal_name() if end.stopped else None)
 
 
 class _Record:
   """What the loop's actions keep: losses by step (each step's scalars checked for NaN/Inf and
   logged), the checkpoint steps, the last step saved from a good state."""
 
-  def __init__(self, logger, checkpointer, loader, ckpt_dir: str, last_good: Optional[int]):
+  def __init__(self, logger, checkpointer, loader, ckpt_dir: str, last_good: Optional[int],
+               signal_name: Callable[[], str]):
     self.logger, self.checkpointer, self.loader, self.ckpt_dir = (logger, checkpointer, loader,
                                                                   ckpt_dir)
+    self.signal_name = signal_name  # the signal that stopped the run
     self.losses = {}
     self.saved = list(checkpointer.all_steps())
     self.last_good = last_good
@@ -308,8 +334,8 @@ class _Record:
     self.last_good = info.step
 
   def stopped(self, info: train_loop.StepInfo):
-    self.logger.event(f'preempted (SIGTERM) at step {info.step}: checkpoint saved in '
-                      f'{self.ckpt_dir}; exiting. Run the same command to resume.')
+    self.logger.event(f'preempted ({self.signal_name()}) at step {info.step}: checkpoint saved '
+                      f'in {self.ckpt_dir}; exiting. Run the same command to resume.')
 
   def data_ended(self, end: train_loop.LoopEnd, start_step: int, config):
     """A finite data.num_epochs ran out before train.steps: save the step reached, say so."""
