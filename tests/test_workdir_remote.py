@@ -134,3 +134,16 @@ def test_the_workdir_lock_is_skipped_with_one_line_on_a_bucket(bucket, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 2 and 'lock is skipped' in err[0] and RUN in err[0]
   assert not bucket  # no lock file written
+
+
+def test_the_library_log_file_is_written_to_the_bucket(bucket):
+  import logging
+  from bipe_jax import run_logging
+  handler = run_logging.send_library_logs_to(f'{RUN}/library.log')
+  try:
+    assert f'{RUN}/library.log' not in bucket  # nothing before the first line
+    logging.getLogger('bipe_jax.test').info('restored checkpoint 40')
+    assert 'restored checkpoint 40' in _text(bucket, 'library.log')
+  finally:
+    logging.getLogger().removeHandler(handler)
+    handler.close()
