@@ -56,7 +56,7 @@ class ModelConfig:
   pad_id: int = -1  # -1 = no padding token
   restart_at_documents: bool = False  # official BiPE: segments do not restart at BOS
   mask_across_documents: bool = False  # official: packed documents attend to each other
-  attention_impl: str = 'blockwise'  # dense | blockwise | cudnn
+  attention_impl: str = 'blockwise'  # dense | blockwise | cudnn | fused | pallas
   block_size: int = 128
   dtype: str = 'float32'  # compute dtype; float32 | bfloat16
   remat: bool = False
@@ -208,6 +208,11 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                  f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
                  'that never decrease between visible tokens: with restart_at_documents, set '
                  'mask_across_documents=True (or use blockwise)')
+  if cfg.attention_impl == 'pallas' and (cfg.scheme.transform != 'none'
+                                         or cfg.scheme.bias not in ('none', 'alibi', 'kerple', 't5')):
+    raise _err('attention_impl', cfg.attention_impl,
+               f'computes only the ALiBi, Kerple and T5 biases (and none) per tile, not '
+               f'{cfg.position_encoding!r}; use blockwise or dense')
   if cfg.kernels not in kernels.KERNELS:
     raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')
   if cfg.dtype not in DTYPES:
