@@ -57,6 +57,7 @@ from bipe_jax.encodings import absolute
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import dape
 from bipe_jax.encodings import fire
+from bipe_jax.encodings import initializers
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import rope
 from bipe_jax.encodings import t5
@@ -109,7 +110,8 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-    scale = self.param('scale', nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+    scale = self.param('scale',
+                       initializers.logically_partitioned(nn.initializers.ones, ('embed',)),
                        (x_BxTxD.shape[-1],), jnp.float32)
     x = x_BxTxD.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
@@ -127,8 +129,8 @@ class Projection(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    kernel = self.param('kernel', nn.with_logical_partitioning(_INIT, self.axes), self.shape,
-                        jnp.float32)
+    kernel = self.param('kernel', initializers.logically_partitioned(_INIT, self.axes),
+                        self.shape, jnp.float32)
     project = kernels_lib.select(self.kernels).project
     y = project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     return checkpoint_name(y, self.name)  # for model.remat's policies
@@ -478,7 +480,8 @@ class Transformer(nn.Module):
       q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,
-                     embedding_init=nn.with_logical_partitioning(_INIT, ('vocab', 'embed')),
+                     embedding_init=initializers.logically_partitioned(_INIT,
+                                                                       ('vocab', 'embed')),
                      name='embed')
     x = embed(tokens_BxT).astype(dtype)
     if scheme.input != 'none':

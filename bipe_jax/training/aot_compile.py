@@ -337,7 +337,7 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   with train_state.mesh_context(mesh):
     step = train_step.make_train_step(
         model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps,
-        pad_id=int(config.model.pad_id), loss_chunk_tokens=t.get('loss_chunk_tokens', 0))
+        pad_id=int(config.model.pad_id), loss_chunk_tokens=t.loss_chunk_tokens)
     train_flops = (flops_lib.train_flops_per_token(model_config, seq_len) * t.batch_size
                    * seq_len / len(devices))
     steps.append(_compile(step, (state_args, {'tokens': tokens}), 'train', train_flops,
@@ -400,10 +400,10 @@ def _summary(config) -> dict:
       'position_encoding': m.position_encoding, 'num_layers': int(m.num_layers),
       'hidden_size': int(m.hidden_size), 'dtype': m.dtype, 'remat': m.remat,
       'scan_layers': bool(m.scan_layers), 'attention_impl': m.attention_impl,
-      'kernels': m.get('kernels', 'auto'),
+      'kernels': m.kernels,
       'batch_size': int(t.batch_size), 'seq_len': int(config.data.seq_len),
       'grad_accum_steps': int(t.grad_accum_steps),
-      'loss_chunk_tokens': int(t.get('loss_chunk_tokens', 0)),
+      'loss_chunk_tokens': int(t.loss_chunk_tokens),
   }
 
 
@@ -414,13 +414,13 @@ def fit_advice(report: CompileReport) -> str:
   state = report.param_bytes + report.optimizer_bytes
   helps = []
   if state > report.hbm_bytes // 2:
-    if mesh.get('fsdp', 1) < report.num_devices:
+    if mesh['fsdp'] < report.num_devices:
       helps.append(f'shard parameters and optimizer state (mesh.fsdp={report.num_devices}, '
                    f'mesh.data=1)')
     helps.append('a larger slice')
   if s['remat'] in (False, 'none'):
     helps.append("recompute activations (model.remat='full' or 'save_projections')")
-  if s['batch_size'] // max(1, mesh.get('data', 1) * mesh.get('fsdp', 1)) > 1:
+  if s['batch_size'] // max(1, mesh['data'] * mesh['fsdp']) > 1:
     helps.append(f'a smaller per-chip batch (train.batch_size < {s["batch_size"]}, or '
                  f'train.grad_accum_steps > {s["grad_accum_steps"]})')
   if s['dtype'] == 'float32':
