@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CORE_STAMP := $(VENV)/.core-installed
 TEST_STAMP := $(VENV)/.test-installed
+TPU_STAMP := $(VENV)/.tpu-installed
 
 .PHONY: test test-fast demo demo-all setup clean
 
@@ -18,8 +19,14 @@ $(CORE_STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -qq --no-build-isolation -c requirements.txt -e '.[training,evaluation]'
 	touch $(CORE_STAMP)
 
+# The TPU compiler (requirements-tpu.txt): train/compile.py and its tests compile for TPU
+# topologies on this host. CPU runs do not need it (and start without probing for a TPU).
+$(TPU_STAMP): $(CORE_STAMP) requirements-tpu.txt
+	$(PY) -m pip install -qq -r requirements-tpu.txt
+	touch $(TPU_STAMP)
+
 # The tests also compare against PyTorch / Hugging Face models (requirements-interop.txt).
-$(TEST_STAMP): $(CORE_STAMP) requirements-interop.txt
+$(TEST_STAMP): $(CORE_STAMP) $(TPU_STAMP) requirements-interop.txt
 	$(PY) -m pip install -qq -r requirements-interop.txt
 	$(PY) -m pip install -qq --no-build-isolation -c requirements.txt -c requirements-interop.txt -e '.[tests]'
 	touch $(TEST_STAMP)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from bipe_jax import attention
 from bipe_jax import kernels
+from bipe_jax import remat as remat_lib
 from bipe_jax import schemes
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)  # Llama tokenizer: '▁.' and '<0x0A>' (official BiPE code)
@@ -59,7 +60,7 @@ class ModelConfig:
   attention_impl: str = 'blockwise'  # dense | blockwise | cudnn | fused | pallas
   block_size: int = 128
   dtype: str = 'float32'  # compute dtype; float32 | bfloat16
-  remat: bool = False
+  remat: Any = 'none'  # none | full | save_projections (False / True: none / full); remat.py
   # nn.scan over the decoder layers: one compiled layer body (compile time flat in depth);
   # parameters under 'layers' with a leading [num_layers] axis (model.stack_layer_params).
   scan_layers: bool = False
@@ -128,6 +129,11 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if cfg.position_encoding not in schemes.SCHEME_NAMES:
     raise _err('position_encoding', cfg.position_encoding,
                f'must be one of {", ".join(schemes.SCHEME_NAMES)}')
+  try:
+    remat_lib.remat_name(cfg.remat)
+  except ValueError:
+    raise _err('remat', cfg.remat, f'must be one of {remat_lib.REMAT_POLICIES} (or False / '
+               'True for none / full)') from None
   positive = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'ffn_size', 'max_intra',
               'max_position', 'block_size',
               'dape_hidden', 'dapev2_kernel', 'fire_hidden', 't5_buckets', 't5_max_distance')

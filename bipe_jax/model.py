@@ -46,10 +46,12 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from bipe_jax import attention as attention_lib
 from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
+from bipe_jax import remat as remat_lib
 from bipe_jax.config import ModelConfig
 from bipe_jax.encodings import absolute
 from bipe_jax.encodings import alibi
@@ -130,7 +132,8 @@ class Projection(nn.Module):
     kernel = self.param('kernel', initializers.logically_partitioned(_INIT, self.axes),
                         self.shape, jnp.float32)
     project = kernels_lib.select(self.kernels).project
-    return project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    y = project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    return checkpoint_name(y, self.name)  # for model.remat's policies
 
 
 def _module_params(make_module: Callable[..., nn.Module], name: str, *example_args) -> dict:
@@ -498,14 +501,14 @@ class Transformer(nn.Module):
     # cache may hold left padding (decode).
     mask_keys = decode or valid_BxT is not None
     if cfg.scan_layers:
-      body = nn.remat(ScannedDecoderLayer) if cfg.remat else ScannedDecoderLayer
+      body = remat_lib.remat_layer(ScannedDecoderLayer, cfg.remat, scanned=True)
       stack = nn.scan(body, variable_axes={'params': 0, 'cache': 0},
                       split_rngs={'params': True}, length=cfg.num_layers,
                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
                       metadata_params={nn.PARTITION_NAME: 'layers'})
       x, _ = stack(cfg, decode, mask_keys, name=SCANNED_LAYERS)(x, q_side, k_side, cache_index)
     else:
-      layer_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+      layer_cls = remat_lib.remat_layer(DecoderLayer, cfg.remat, scanned=False)
       for i in range(cfg.num_layers):
         x = layer_cls(cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side,
                                                                  cache_index)
