@@ -400,7 +400,7 @@ def _summary(config) -> dict:
       'position_encoding': m.position_encoding, 'num_layers': int(m.num_layers),
       'hidden_size': int(m.hidden_size), 'dtype': m.dtype, 'remat': m.remat,
       'scan_layers': bool(m.scan_layers), 'attention_impl': m.attention_impl,
-      'kernels': m.get('kernels', 'auto'),
+      'kernels': m.kernels,
       'batch_size': int(t.batch_size), 'seq_len': int(config.data.seq_len),
       'grad_accum_steps': int(t.grad_accum_steps),
       'loss_chunk_tokens': int(t.loss_chunk_tokens),
@@ -414,13 +414,13 @@ def fit_advice(report: CompileReport) -> str:
   state = report.param_bytes + report.optimizer_bytes
   helps = []
   if state > report.hbm_bytes // 2:
-    if mesh.get('fsdp', 1) < report.num_devices:
+    if mesh['fsdp'] < report.num_devices:
       helps.append(f'shard parameters and optimizer state (mesh.fsdp={report.num_devices}, '
                    f'mesh.data=1)')
     helps.append('a larger slice')
   if s['remat'] in (False, 'none'):
     helps.append("recompute activations (model.remat='full' or 'save_projections')")
-  if s['batch_size'] // max(1, mesh.get('data', 1) * mesh.get('fsdp', 1)) > 1:
+  if s['batch_size'] // max(1, mesh['data'] * mesh['fsdp']) > 1:
     helps.append(f'a smaller per-chip batch (train.batch_size < {s["batch_size"]}, or '
                  f'train.grad_accum_steps > {s["grad_accum_steps"]})')
   if s['dtype'] == 'float32':
