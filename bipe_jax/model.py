@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from bipe_jax import attention as attention_lib
+from bipe_jax import context_parallel
 from bipe_jax.matmul import matmul_2d  # pylint: disable=unused-import (model.matmul_2d)
 from bipe_jax.matmul import matmul_einsum
 from bipe_jax import positions as positions_lib
@@ -129,6 +130,10 @@ class Projection(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.param('kernel', nn.with_logical_partitioning(_INIT, self.axes), self.shape,
                         jnp.float32)
+    if context_parallel.context_size() > 1:
+      # The 2-D form merges the batch and sequence axes, which a context-sharded sequence
+      # cannot be merged into without gathering it: the einsum keeps them apart.
+      return jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     return matmul_einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
 
 
@@ -237,7 +242,12 @@ class Attention(nn.Module):
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
     if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
-    out_BxHxTxDh = attention_lib.attention_fn(impl)(q, k, v, **kwargs)
+    attend = attention_lib.attention_fn(impl)
+    if not self.decode and context_parallel.active(q.shape[2]):
+      # T sharded over the context mesh axis: local queries, all-gathered keys / values.
+      out_BxHxTxDh = context_parallel.gathered_kv_attention(attend, q, k, v, **kwargs)
+    else:
+      out_BxHxTxDh = attend(q, k, v, **kwargs)
     out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
                                               ('batch', 'heads', 'length', 'head_dim'))
     return proj('out', (h, dh, d), ('heads', 'head_dim', 'embed'), 'bhtk,hkd->btd')(out_BxHxTxDh)
@@ -351,7 +361,10 @@ class Transformer(nn.Module):
     the optional validity mask [B, T] (False = padding)."""
     cfg = self.config
     sep, docs = self._tables()
-    return positions_lib.bilevel_positions(
+    # With T sharded over a context mesh axis, each shard computes its own slice (equal).
+    compute = (context_parallel.global_positions if context_parallel.active(tokens_BxT.shape[1])
+               else positions_lib.bilevel_positions)
+    return compute(
         tokens_BxT, sep, document_start_table_V=docs,
         pad_id=cfg.pad_id if cfg.pad_id >= 0 else None,
         restart_at_documents=cfg.restart_at_documents, valid_BxT=valid_BxT)

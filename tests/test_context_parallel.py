@@ -1,0 +1,242 @@
+"""Context parallelism (bipe_jax/context_parallel.py): the sequence sharded over a mesh axis.
+
+The position carry is checked in-process (chunks of a row, one after another, give the row's
+streams). The sharded model runs in ONE subprocess with 8 fake CPU devices (XLA_FLAGS must be
+set before JAX starts): it prints, per case, the largest differences between the sharded and
+the unsharded computation, and the tests here assert on them.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bipe_jax import positions
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB, SEP, BOS, PAD = 24, 3, 1, 0
+T, CONTEXT = 64, 4  # 4 shards of 16 tokens
+ENCODINGS = {  # encoding -> attention_impl: every impl takes the gathered-keys path
+    'rope': 'dense', 'bipe_rope': 'blockwise', 'alibi': 'fused', 'bipe_alibi': 'blockwise'}
+
+
+def boundary_tokens(rows: int = 4, seed: int = 0) -> np.ndarray:
+  """[rows, T] ids with separators on shard boundaries (last token of a shard, first token of
+  the next), documents spanning shards, a segment spanning three shards, and padding."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(4, VOCAB, size=(rows, T)).astype(np.int32)
+  shard = T // CONTEXT
+  tokens[0, [shard - 1, 2 * shard, 3 * shard - 1, 3 * shard]] = SEP
+  tokens[0, [0, 20, 45]] = BOS  # documents 0..2, each spanning a shard edge
+  tokens[1, [5, 6, 7]] = SEP  # then one segment from 8 through the end of shard 3
+  tokens[1, 30] = BOS
+  tokens[2, ::7] = SEP
+  tokens[2, [shard, 2 * shard]] = BOS  # a document starting exactly at a shard start
+  tokens[3, :18] = PAD  # a whole shard and more of leading padding
+  tokens[3, [18, 40]] = BOS
+  tokens[3, [shard * 2 - 1, 50]] = SEP
+  return tokens
+
+
+def _streams(p):
+  return np.stack([np.asarray(getattr(p, n)) for n in ('token', 'intra', 'inter', 'document')])
+
+
+@pytest.mark.parametrize('restart', [False, True])
+def test_chunks_with_carries_give_the_streams_of_the_whole_row(restart):
+  """Chunks of a row computed one after another (the carry of a chunk = the combined summaries
+  of the chunks before it) equal the streams of the whole row: the rule the shards use."""
+  tokens = boundary_tokens()
+  table = positions.separator_table(VOCAB, (SEP,))
+  docs = positions.separator_table(VOCAB, (BOS,))
+  kwargs = dict(document_start_table_V=docs, pad_id=PAD)
+  want = _streams(positions.bilevel_positions(tokens, table, restart_at_documents=restart,
+                                              **kwargs))
+  edges = [0, 7, 16, 17, 33, 47, 48, 64]  # uneven chunks, several inside one segment
+  carry = positions.PositionCarry.empty(tokens.shape[0])
+  got = []
+  for lo, hi in zip(edges[:-1], edges[1:]):
+    chunk = tokens[:, lo:hi]
+    got.append(_streams(positions.bilevel_positions(
+        chunk, table, restart_at_documents=restart, carry=carry, **kwargs)))
+    carry = positions.combine_carries(carry, positions.chunk_carry(chunk, table, **kwargs))
+  np.testing.assert_array_equal(np.concatenate(got, axis=2), want)
+  # The carry after the last chunk is the summary of the whole row.
+  whole = positions.chunk_carry(tokens, table, **kwargs)
+  for a, b in zip(jax.tree.leaves(carry), jax.tree.leaves(whole)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_combining_summaries_is_associative():
+  table = positions.separator_table(VOCAB, (SEP,))
+  kwargs = dict(document_start_table_V=positions.separator_table(VOCAB, (BOS,)), pad_id=PAD)
+  tokens = boundary_tokens(seed=1)
+  a, b, c = (positions.chunk_carry(tokens[:, lo:lo + 16], table, **kwargs)
+             for lo in (0, 16, 32))
+  comb = positions.combine_carries
+  for x, y in zip(jax.tree.leaves(comb(comb(a, b), c)), jax.tree.leaves(comb(a, comb(b, c)))):
+    np.testing.assert_array_equal(x, y)
+
+
+# ------------------------------------------------------------------ the 8-device subprocess
+
+def _model(encoding, impl, restart=False):
+  from bipe_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  cfg = config_lib.ModelConfig(
+      vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=64,
+      max_intra=T, max_position=T, train_length=T, separator_ids=(SEP,), bos_id=BOS,
+      pad_id=PAD, mask_across_documents=True, restart_at_documents=restart,
+      position_encoding=encoding, attention_impl=impl, block_size=8)
+  return model_lib.Transformer(config_lib.validate_model_config(cfg))
+
+
+def _mesh(data, context):
+  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  sizes = ml_collections.ConfigDict({'data': data, 'fsdp': 1, 'context': context, 'tensor': 1})
+  return mesh_lib.make_mesh(sizes, devices=jax.devices()[:data * context])
+
+
+def _max_diff(a, b) -> float:
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _all_gathers(hlo_text: str) -> list:
+  """(element count, op name) of the result of every all-gather in a compiled program."""
+  import re  # pylint: disable=g-import-not-at-top
+  found = []
+  for line in hlo_text.splitlines():
+    if 'all-gather(' in line or 'all-gather-start(' in line:
+      dims = re.search(r'=\s*\(?[a-z0-9]+\[([0-9,]*)\]', line)
+      name = re.search(r'op_name="([^"]*)"', line)
+      found.append((int(np.prod([int(d) for d in dims.group(1).split(',') if d])),
+                    name.group(1) if name else ''))
+  return found
+
+
+def _loss_and_grads(model, params, tokens):
+  from bipe_jax.training import train_step  # pylint: disable=g-import-not-at-top
+
+  def loss(p):
+    nll, count = train_step.next_token_nll(model.apply({'params': p}, tokens), tokens, PAD)
+    return nll / count
+  return jax.value_and_grad(loss)(params)
+
+
+def run_cases() -> dict:
+  """Every sharded-vs-unsharded comparison; {case: largest difference (or a count)}."""
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from bipe_jax import context_parallel  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import optimizer, train_state, train_step  # pylint: disable=g-import-not-at-top
+  from configs import base  # pylint: disable=g-import-not-at-top
+  assert jax.device_count() == 8, jax.devices()
+  out = {}
+  tokens = jnp.asarray(boundary_tokens())
+  meshes = {'c4': _mesh(1, 4), 'd2c4': _mesh(2, 4)}
+  table = positions.separator_table(VOCAB, (SEP,))
+  docs = positions.separator_table(VOCAB, (BOS,))
+
+  # Position streams, computed per shard, against positions.py on the whole rows.
+  for restart in (False, True):
+    pos_fn = functools.partial(positions.bilevel_positions, separator_table_V=table,
+                               document_start_table_V=docs, pad_id=PAD,
+                               restart_at_documents=restart)
+    want = _streams(pos_fn(tokens))
+    glob = functools.partial(context_parallel.global_positions, separator_table_V=table,
+                             document_start_table_V=docs, pad_id=PAD,
+                             restart_at_documents=restart)
+    for name, mesh in meshes.items():
+      with train_state.mesh_context(mesh):
+        sharded = jax.device_put(tokens, mesh_lib.batch_sharding(mesh))
+        fn = jax.jit(glob).lower(sharded).compile()
+        out[f'positions/{name}/restart={restart}'] = float(np.max(np.abs(
+            _streams(fn(sharded)) - want)))
+        out[f'positions_largest_gather/{name}'] = max(
+            size for size, _ in _all_gathers(fn.as_text()))
+
+  # Losses and gradients of the model, sharded vs unsharded.
+  for encoding, impl in ENCODINGS.items():
+    model = _model(encoding, impl)
+    params = model.init(jax.random.PRNGKey(0), tokens[:1])['params']
+    params = jax.tree.map(lambda x: x.unbox() if hasattr(x, 'unbox') else x, params,
+                          is_leaf=lambda x: hasattr(x, 'unbox'))
+    want_loss, want_grads = jax.jit(functools.partial(_loss_and_grads, model))(params, tokens)
+    for name, mesh in meshes.items():
+      with train_state.mesh_context(mesh):
+        fn = jax.jit(functools.partial(_loss_and_grads, model),
+                     in_shardings=(NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh)))
+        fn = fn.lower(params, tokens).compile()
+        loss, grads = fn(params, tokens)
+      out[f'loss/{encoding}/{name}'] = abs(float(loss) - float(want_loss))
+      out[f'grads/{encoding}/{name}'] = _max_diff(grads, want_grads)
+      gathers = [op for _, op in _all_gathers(fn.as_text())]
+      out[f'attention_gathers/{encoding}/{name}'] = sum('attention/shard_map' in op
+                                                        for op in gathers)
+      out[f'other_gathers/{encoding}/{name}'] = [op for op in gathers if 'shard_map' not in op]
+    out[f'loss_value/{encoding}'] = float(want_loss)
+    out[f'grad_scale/{encoding}'] = max(float(np.max(np.abs(g)))
+                                        for g in jax.tree.leaves(want_grads))
+
+  # The training step: a data=2 x context=4 mesh against one device (restarting documents).
+  model = _model('bipe_alibi', 'blockwise', restart=True)
+  config = base.get_base_config()
+  config.train.learning_rate, config.train.warmup_steps = 1e-2, 1
+  tx, lr = optimizer.make_optimizer(config.train), optimizer.learning_rate_schedule(config.train)
+  results = []
+  for mesh in (_mesh(1, 1), meshes['d2c4']):
+    state, shardings = train_state.create_train_state(model, tx, mesh, T, seed=0)
+    step = train_step.make_train_step(model, tx, lr, mesh, shardings, pad_id=PAD)
+    with train_state.mesh_context(mesh):
+      state, metrics = step(state, {'tokens': tokens})
+    results.append((float(metrics['loss']), jax.device_get(state.params),
+                    state.params['embed']['embedding'].sharding))
+  out['train_step/loss'] = abs(results[0][0] - results[1][0])
+  out['train_step/params'] = _max_diff(results[0][1], results[1][1])
+  return out
+
+
+@pytest.fixture(scope='module')
+def cases() -> dict:
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
+             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize('mesh', ['c4', 'd2c4'])
+def test_global_positions_equal_those_of_the_whole_rows(cases, mesh):
+  for restart in (False, True):
+    assert cases[f'positions/{mesh}/restart={restart}'] == 0
+  # Only the per-shard summaries travel: [C, B, 7] int32 at most, never a [B, T] array.
+  assert cases[f'positions_largest_gather/{mesh}'] <= CONTEXT * 4 * 7 < 4 * T
+
+
+@pytest.mark.parametrize('mesh', ['c4', 'd2c4'])
+@pytest.mark.parametrize('encoding', list(ENCODINGS))
+def test_sharded_losses_and_gradients_equal_unsharded(cases, encoding, mesh):
+  assert cases[f'loss/{encoding}/{mesh}'] < 1e-5 * cases[f'loss_value/{encoding}']
+  assert cases[f'grads/{encoding}/{mesh}'] < 1e-5 * max(1.0, cases[f'grad_scale/{encoding}'])
+  assert cases[f'attention_gathers/{encoding}/{mesh}'] > 0  # the gathered-keys path ran
+  # Nothing else is gathered: activations stay sharded over the context axis end to end.
+  assert cases[f'other_gathers/{encoding}/{mesh}'] == []
+
+
+def test_training_step_on_data_times_context_mesh_equals_one_device(cases):
+  assert cases['train_step/loss'] < 1e-5
+  # Adam moves every parameter by ~lr = 1e-2; a wrong gradient shows at that scale.
+  assert cases['train_step/params'] < 2e-5
+
+
+if __name__ == '__main__':
+  print(json.dumps(run_cases()))
