@@ -136,16 +136,22 @@ class Projection(nn.Module):
     return path.project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
 
 
-def _pure(make_module: Callable[..., nn.Module], name: str, *example_args) -> Callable:
+def _module_params(make_module: Callable[..., nn.Module], name: str, *example_args) -> dict:
   """Creates `make_module(name=name)`'s params in the current scope (by one call on tiny
-  `example_args`) and returns a pure function with those params closed over.
+  `example_args`) and returns them."""
+  bound = make_module(name=name)
+  bound(*example_args)
+  return bound.variables.get('params', {})
+
+
+def _pure(make_module: Callable[..., nn.Module], name: str, *example_args) -> Callable:
+  """Creates `make_module(name=name)`'s params in the current scope and returns a pure function
+  with those params closed over.
 
   Linen modules cannot be called inside `lax.scan` (the blockwise attention loop); the returned
   function applies an unbound copy with explicit params, which can.
   """
-  bound = make_module(name=name)
-  bound(*example_args)
-  params = bound.variables.get('params', {})
+  params = _module_params(make_module, name, *example_args)
   unbound = make_module(parent=None)
   return lambda *args: unbound.apply({'params': params}, *args)
 
@@ -174,6 +180,31 @@ class Attention(nn.Module):
                                max_distance=cfg.t5_max_distance)
       return _pure(make, 't5', pos1, pos1)
     return None
+
+  def _tile_bias(self) -> tuple:
+    """(TileBias, params [H, P]) of the scheme's bias for attention_impl='pallas': the same
+    parameters (names, initialisers, Kerple's clamp) as `_bias_fn`'s modules."""
+    from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+    cfg, s = self.config, self.config.scheme
+    h = cfg.num_heads
+    pos1 = jnp.zeros((1, 1), jnp.int32)
+    if s.bias == 'alibi':
+      slopes = alibi.alibi_slopes(h) * cfg.slope_factor
+      return pallas.TileBias('alibi'), jnp.asarray(slopes, jnp.float32)[:, None]
+    if s.bias == 'kerple':
+      params = _module_params(functools.partial(kerple.KerpleLogBias, h), 'kerple', pos1, pos1)
+      p_a = [kerple.clamp_straight_through(params[n], kerple.KERPLE_MIN)
+             for n in kerple.KERPLE_PARAM_NAMES]
+      return pallas.TileBias('kerple'), jnp.stack(p_a, axis=1)
+    if s.bias == 't5':
+      make = functools.partial(t5.T5RelativeBias, h, num_buckets=cfg.t5_buckets,
+                               max_distance=cfg.t5_max_distance)
+      table_NxH = _module_params(make, 't5', pos1, pos1)['rel_embedding']
+      return (pallas.TileBias('t5', t5_buckets=cfg.t5_buckets,
+                              t5_max_distance=cfg.t5_max_distance), table_NxH.T)
+    if s.bias != 'none':
+      raise ValueError(f"attention_impl='pallas' does not cover bias {s.bias!r}.")
+    return pallas.TileBias('none'), None
 
   def _transform_fn(self) -> tuple:
     """(transform_fn(scores, bias, q_pos, k_pos, k_in_range) or None, halo)."""
@@ -222,7 +253,7 @@ class Attention(nn.Module):
         k, v = cached_k.value, cached_v.value
 
     impl = cfg.attention_impl
-    if self.decode and impl in attention_lib.FUSED_IMPLS:
+    if self.decode and impl in (*attention_lib.FUSED_IMPLS, 'pallas'):
       impl = 'dense'
     transform_fn, halo = self._transform_fn()
     kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, transform_fn=transform_fn)
@@ -230,6 +261,14 @@ class Attention(nn.Module):
       # ALiBi as a per-key bias (alibi.alibi_key_bias: equal after the softmax)
       kwargs.update(key_bias_BxHx1xK=alibi.alibi_key_bias(
           k_side.stream(scheme.bias_stream), alibi.alibi_slopes(h), cfg.slope_factor))
+    elif impl == 'pallas':
+      tile_bias, bias_params = self._tile_bias()
+      batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
+      kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=cfg.block_size,
+                    block_k=cfg.block_size, batch_axes=batch_axes, head_axes=head_axes)
+      if scheme.bias != 'none':
+        kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
+                      k_streams=k_side.stream(scheme.bias_stream))
     elif (bias_fn := self._bias_fn()) is not None:
       kwargs.update(bias_fn=bias_fn, q_streams=q_side.stream(scheme.bias_stream),
                     k_streams=k_side.stream(scheme.bias_stream))
@@ -241,7 +280,7 @@ class Attention(nn.Module):
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
     if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
-    if impl == 'dense':
+    if impl in ('dense', 'blockwise'):  # blockwise of one block is dense attention
       kwargs.update(kernels=cfg.kernels)
     attend = attention_lib.attention_fn(impl)
     if not self.decode and context_parallel.active(q.shape[2]):
@@ -254,18 +293,6 @@ class Attention(nn.Module):
     return proj('out', (h, dh, d), ('heads', 'head_dim', 'embed'), 'bhtk,hkd->btd')(out_BxHxTxDh)
 
 
-@jax.checkpoint
-def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
-  """silu(gate) * up, elementwise; its backward pass recomputes silu from gate and up.
-
-  Saving only the two inputs lets XLA compute the forward in one elementwise pass instead of
-  three (sigmoid, silu and the product, each kept for the backward pass): on this project's CPU
-  that is 3.6 -> 1.0 ms a layer at [2,048, 512], and the tiny training step 0.987x
-  (benchmarks/README.md). Values and gradients are those of the plain expression.
-  """
-  return nn.silu(gate) * up
-
-
 class Mlp(nn.Module):
   """SwiGLU: down(silu(gate(x)) * up(x))."""
   config: ModelConfig
@@ -276,6 +303,7 @@ class Mlp(nn.Module):
     d, f, dtype, kern = cfg.hidden_size, cfg.ffn_size, cfg.compute_dtype, cfg.kernels
     gate = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, kern, name='gate')(x_BxTxD)
     up = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, kern, name='up')(x_BxTxD)
+    swiglu = kernels_lib.select(kern).swiglu
     hidden_BxTxF = nn.with_logical_constraint(swiglu(gate, up), ('batch', 'length', 'mlp'))
     return Projection((f, d), ('mlp', 'embed'), 'btf,fd->btd', dtype, kern,
                       name='down')(hidden_BxTxF)

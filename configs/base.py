@@ -35,7 +35,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.pad_id = -1  # -1 = no padding token
   m.restart_at_documents = False  # official BiPE: segments do not restart at BOS
   m.mask_across_documents = False  # official: packed documents attend to each other
-  m.attention_impl = 'blockwise'  # dense | blockwise | cudnn
+  m.attention_impl = 'blockwise'  # dense | blockwise | cudnn | fused | pallas
   m.block_size = 128
   m.dtype = 'float32'  # compute dtype; float32 | bfloat16
   m.remat = False

@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from bipe_jax import config as config_lib
+from bipe_jax.kernels import cpu as cpu_kernels
 from bipe_jax import model as model_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax.config import ModelConfig
@@ -386,20 +387,21 @@ def test_blockwise_model_gradients_equal_dense():
 
 
 def test_swiglu_keeps_only_its_inputs_for_the_backward_pass(capsys):
-  """model.swiglu: values, gradients, forward mode equal silu(gate) * up; the backward pass
-  keeps gate and up and recomputes silu (the plain expression keeps three more arrays)."""
+  """The cpu kernels path's swiglu (bipe_jax/kernels/cpu.py): values, gradients, forward mode
+  equal silu(gate) * up; the backward pass keeps gate and up and recomputes silu (the plain
+  expression keeps three more arrays)."""
   kg, ku, kc = jax.random.split(jax.random.PRNGKey(4), 3)
   gate, up, ct = (jax.random.normal(k, (3, 5, 7)) for k in (kg, ku, kc))
   plain = lambda g, u: nn.silu(g) * u
-  np.testing.assert_allclose(model_lib.swiglu(gate, up), plain(gate, up), rtol=1e-6)
+  np.testing.assert_allclose(cpu_kernels.swiglu(gate, up), plain(gate, up), rtol=1e-6)
   loss = lambda f: (lambda g, u: jnp.sum(f(g, u) * ct))
-  for got, want in zip(jax.jit(jax.grad(loss(model_lib.swiglu), (0, 1)))(gate, up),
+  for got, want in zip(jax.jit(jax.grad(loss(cpu_kernels.swiglu), (0, 1)))(gate, up),
                        jax.grad(loss(plain), (0, 1))(gate, up)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(jax.jvp(model_lib.swiglu, (gate, up), (ct, gate))[1],
+  np.testing.assert_allclose(jax.jvp(cpu_kernels.swiglu, (gate, up), (ct, gate))[1],
                              jax.jvp(plain, (gate, up), (ct, gate))[1], rtol=1e-5, atol=1e-6)
   residuals = {}
-  for name, f in (('ours', model_lib.swiglu), ('plain', plain)):
+  for name, f in (('ours', cpu_kernels.swiglu), ('plain', plain)):
     ad_checkpoint.print_saved_residuals(loss(f), gate, up)
     residuals[name] = capsys.readouterr().out.strip().splitlines()
   kept = lambda name: [line for line in residuals[name] if 'from a constant' not in line]  # ct

@@ -26,7 +26,7 @@ COMPARED_SECTIONS = ('model', 'data')
 # Fields of the compared sections that may differ on resume: they change neither the
 # parameters, nor the data a step sees, nor the numbers (up to float rounding).
 RESUMABLE_FIELDS = frozenset({
-    'model.attention_impl',  # dense | blockwise | cudnn compute the same attention
+    'model.attention_impl',  # dense | blockwise | cudnn | fused | pallas: the same attention
     'model.block_size',  # blockwise attention's tiling
     'model.remat',  # recompute activations instead of storing them
     'model.kernels',  # portable | cpu compute forms (bipe_jax.kernels): same numbers
