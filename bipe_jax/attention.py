@@ -1,6 +1,7 @@
 """Causal attention with per-block positional biases and score transforms.
 
-Layout is [B, H, T, Dh] throughout (PERFORMANCE.md: 3x faster on XLA CPU than [B, T, H, Dh]).
+Layout is [B, H, T, Dh] throughout (benchmarks/attention_layouts.py: 3x faster on XLA CPU than
+[B, T, H, Dh]).
 GQA: keys / values have G heads, G divides H; query head h reads KV head h // (H // G)
 (the Hugging Face `repeat_kv` order).
 
@@ -50,12 +51,13 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from bipe_jax import flash_attention
 from bipe_jax import kernels as kernels_lib
 from bipe_jax.kernels.gqa_products import NEG_INF
 from bipe_jax.kernels.gqa_products import attention_scores
 from bipe_jax.kernels.gqa_products import weighted_values
-_POS_PAD = jnp.iinfo(jnp.int32).max  # causal index of padded keys (never visible)
-_QPOS_PAD = jnp.iinfo(jnp.int32).min  # causal index of padded queries (see nothing)
+from bipe_jax.attention_blocks import block_logits as _block_logits
+from bipe_jax.attention_blocks import visible as _visible
 
 BiasFn = Callable[[Any, Any], jax.Array]
 TransformFn = Callable[..., jax.Array]
@@ -78,32 +80,6 @@ def _check_shapes(q, k, v, q_pos, k_pos):
   if q_pos.shape != (b, nq) or k_pos.shape != (b, k.shape[2]):
     raise ValueError(f'q_pos must be [B, Q]={b, nq} and k_pos [B, K]={b, k.shape[2]}; '
                      f'got {q_pos.shape} and {k_pos.shape}.')
-
-
-def _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_streams,
-             k_streams):
-  """bool [B or 1, 1, q, k]: which (query, key) pairs may attend."""
-  b = q_pos.shape[0]
-  vis = jnp.ones((b, q_pos.shape[1], k_pos.shape[1]), bool)
-  if causal:
-    vis = k_pos[:, None, :] <= q_pos[:, :, None]
-  if k_valid is not None:
-    vis = vis & k_valid[:, None, :]
-  if q_document is not None:
-    vis = vis & (q_document[:, :, None] == k_document[:, None, :])
-  if mask_fn is not None:
-    vis = vis & mask_fn(q_streams, k_streams)
-  return vis[:, None]
-
-
-def _block_logits(q, k, q_pos, k_pos, q_streams, k_streams, k_in_range, *, scale, bias_fn,
-                  transform_fn):
-  """Final pre-mask logits of one block: S + B, or transform(S, B), float32 [B, H, q, k]."""
-  scores = attention_scores(q, k, scale)
-  bias = None if bias_fn is None else bias_fn(q_streams, k_streams).astype(jnp.float32)
-  if transform_fn is not None:
-    return transform_fn(scores, bias, q_pos, k_pos, k_in_range).astype(jnp.float32)
-  return scores if bias is None else scores + bias
 
 
 def _check_streams(q_streams, k_streams):
@@ -164,18 +140,6 @@ def dense_attention(q_BxHxQxDh: jax.Array,
   return out.astype(q.dtype)
 
 
-def _pad_axis(x, axis, before, after, value):
-  if before == 0 and after == 0:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (before, after)
-  return jnp.pad(x, widths, constant_values=value)
-
-
-def _slice(x, start, size, axis):
-  return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
-
-
 def blockwise_attention(q_BxHxQxDh: jax.Array,
                         k_BxGxKxDh: jax.Array,
                         v_BxGxKxDh: jax.Array,
@@ -233,7 +197,6 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
                            mask_fn=mask_fn, causal=causal, scale=scale, kernels=kernels)
   if q_streams is None:
     q_streams, k_streams = q_pos, k_pos
-  from bipe_jax import flash_attention  # pylint: disable=g-import-not-at-top (imports this)
   return flash_attention.flash_blockwise_attention(
       q, k, v, q_pos=q_pos, k_pos=k_pos, q_streams=q_streams, k_streams=k_streams,
       bias_fn=bias_fn, transform_fn=transform_fn, transform_halo=transform_halo,

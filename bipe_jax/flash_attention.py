@@ -41,7 +41,8 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from bipe_jax import attention as attention_lib
+from bipe_jax import attention_blocks as blocks
+from bipe_jax.kernels.gqa_products import NEG_INF
 
 _F32 = jnp.float32
 
@@ -74,7 +75,6 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
   Arguments are those of `attention.blockwise_attention`, already checked; q_streams /
   k_streams are not None (the caller substitutes the positions).
   """
-  A = attention_lib
   b, h, nq_tok, d = q.shape
   g, nk_tok = k.shape[1], k.shape[2]
   bq, bk = min(block_size, nq_tok), min(block_size, nk_tok)
@@ -84,31 +84,31 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
 
   # Queries: pad the tail; padded rows see nothing and are cropped at the end.
   q_tail = nqb * bq - nq_tok
-  q_p = A._pad_axis(q, 2, 0, q_tail, 0)
-  q_pos_p = A._pad_axis(q_pos.astype(jnp.int32), 1, 0, q_tail, A._QPOS_PAD)
-  q_streams_p = jax.tree.map(lambda x: A._pad_axis(x, 1, 0, q_tail, 0), q_streams)
-  q_doc_p = None if q_document is None else A._pad_axis(q_document, 1, 0, q_tail, -1)
+  q_p = blocks.pad_axis(q, 2, 0, q_tail, 0)
+  q_pos_p = blocks.pad_axis(q_pos.astype(jnp.int32), 1, 0, q_tail, blocks.QPOS_PAD)
+  q_streams_p = jax.tree.map(lambda x: blocks.pad_axis(x, 1, 0, q_tail, 0), q_streams)
+  q_doc_p = None if q_document is None else blocks.pad_axis(q_document, 1, 0, q_tail, -1)
 
   # Keys: `halo` on the left, halo + tail on the right; padded keys are out of range.
   k_tail = nkb * bk - nk_tok
-  kpad = lambda x, value: A._pad_axis(x, 1 if x.ndim < 4 else 2, halo, halo + k_tail, value)
+  kpad = lambda x, value: blocks.pad_axis(x, 1 if x.ndim < 4 else 2, halo, halo + k_tail, value)
   k_p, v_p = kpad(k, 0), kpad(v, 0)
-  k_pos_p = kpad(k_pos.astype(jnp.int32), A._POS_PAD)
+  k_pos_p = kpad(k_pos.astype(jnp.int32), blocks.POS_PAD)
   k_in_range_p = kpad(jnp.ones((b, nk_tok), bool), False)
   k_valid_p = k_in_range_p if k_valid is None else kpad(k_valid, False)
-  k_streams_p = jax.tree.map(lambda x: A._pad_axis(x, 1, halo, halo + k_tail, 0), k_streams)
+  k_streams_p = jax.tree.map(lambda x: blocks.pad_axis(x, 1, halo, halo + k_tail, 0), k_streams)
   k_doc_p = None if k_document is None else kpad(k_document, -2)
 
   def q_block(i):
     """The integer / boolean side data of query block i."""
-    sl = lambda x: A._slice(x, i * bq, bq, 1)
+    sl = lambda x: blocks.slice_block(x, i * bq, bq, 1)
     return dict(pos=sl(q_pos_p), streams=jax.tree.map(sl, q_streams_p),
                 doc=None if q_doc_p is None else sl(q_doc_p))
 
   def k_block(j):
     """The side data of key block j: widened by the halo ('_ext') and cropped."""
-    ext = lambda x: A._slice(x, j * bk, bk_ext, 1)
-    mid = lambda x: A._slice(x, j * bk + halo, bk, 1)
+    ext = lambda x: blocks.slice_block(x, j * bk, bk_ext, 1)
+    mid = lambda x: blocks.slice_block(x, j * bk + halo, bk, 1)
     return dict(pos_ext=ext(k_pos_p), streams_ext=jax.tree.map(ext, k_streams_p),
                 valid_ext=ext(k_valid_p), pos=mid(k_pos_p),
                 streams=jax.tree.map(mid, k_streams_p), valid=mid(k_valid_p),
@@ -116,17 +116,17 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
 
   def logits_of(q_blk, k_ext, qs, ks, *params):
     """Pre-mask logits of one block, cropped to its bk keys: float32 [B, H, bq, bk]."""
-    logits = A._block_logits(q_blk, k_ext, qs['pos'], ks['pos_ext'], qs['streams'],
+    logits = blocks.block_logits(q_blk, k_ext, qs['pos'], ks['pos_ext'], qs['streams'],
                              ks['streams_ext'], ks['valid_ext'], scale=scale,
                              bias_fn=bias_fn, transform_fn=transform_fn)
     return jax.lax.slice_in_dim(logits, halo, halo + bk, axis=3)
 
   # Hoist the parameters bias_fn / transform_fn close over into explicit arguments.
-  example = (A._slice(q_p, 0, bq, 2), A._slice(k_p, 0, bk_ext, 2), q_block(0), k_block(0))
+  example = (blocks.slice_block(q_p, 0, bq, 2), blocks.slice_block(k_p, 0, bk_ext, 2), q_block(0), k_block(0))
   block_logits, params = jax.closure_convert(logits_of, *example)
 
   def visible(qs, ks):
-    return A._visible(qs['pos'], ks['pos'], causal, ks['valid'], qs['doc'], ks['doc'], mask_fn,
+    return blocks.visible(qs['pos'], ks['pos'], causal, ks['valid'], qs['doc'], ks['doc'], mask_fn,
                       qs['streams'], ks['streams'])
 
   def key_blocks(step, carry, qs):
@@ -145,22 +145,22 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
     """(output [B, H, nqb * bq, Dh] in q's dtype, log-sum-exp [B, H, nqb * bq, 1] float32)."""
 
     def query_step(_, i):
-      q_blk, qs = A._slice(q_p, i * bq, bq, 2), q_block(i)
+      q_blk, qs = blocks.slice_block(q_p, i * bq, bq, 2), q_block(i)
 
       def step(carry, j, ks):
         m, l, acc = carry
-        logits = block_logits(q_blk, A._slice(k_p, j * bk, bk_ext, 2), qs, ks, *params)
+        logits = block_logits(q_blk, blocks.slice_block(k_p, j * bk, bk_ext, 2), qs, ks, *params)
         vis = visible(qs, ks)
-        logits = jnp.where(vis, logits, A.NEG_INF)
+        logits = jnp.where(vis, logits, NEG_INF)
         m_new = jnp.maximum(m, jnp.max(logits, axis=-1, keepdims=True))
         p = jnp.where(vis, jnp.exp(logits - m_new), 0.0)
         corr = jnp.exp(m - m_new)
-        v_blk = A._slice(v_p, j * bk + halo, bk, 2)
+        v_blk = blocks.slice_block(v_p, j * bk + halo, bk, 2)
         pv = jnp.einsum('bgxk,bgkd->bgxd', _grouped(p, g).astype(v_p.dtype), v_blk,
                         preferred_element_type=_F32).reshape(acc.shape)
         return m_new, corr * l + jnp.sum(p, axis=-1, keepdims=True), corr * acc + pv
 
-      init = (jnp.full((b, h, bq, 1), A.NEG_INF, _F32), jnp.zeros((b, h, bq, 1), _F32),
+      init = (jnp.full((b, h, bq, 1), NEG_INF, _F32), jnp.zeros((b, h, bq, 1), _F32),
               jnp.zeros((b, h, bq, d), _F32))
       m, l, acc = key_blocks(step, init, qs)
       seen = l > 0.0  # rows with no visible key: output 0, log-sum-exp 0 (never used)
@@ -177,19 +177,19 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
     delta_p = jnp.sum(d_out_p.astype(_F32) * out_p.astype(_F32), axis=-1, keepdims=True)
 
     def query_step(carry, i):
-      sl = lambda x: A._slice(x, i * bq, bq, 2)
+      sl = lambda x: blocks.slice_block(x, i * bq, bq, 2)
       q_blk, qs = sl(q_p), q_block(i)
       d_out_blk, lse_blk, delta_blk = sl(d_out_p), sl(lse_p), sl(delta_p)
       d_out_g = _grouped(d_out_blk.astype(v_p.dtype), g)
 
       def step(carry, j, ks):
         d_q, d_k, d_v, d_params = carry
-        k_ext = A._slice(k_p, j * bk, bk_ext, 2)
+        k_ext = blocks.slice_block(k_p, j * bk, bk_ext, 2)
         logits, logits_vjp = jax.vjp(
             lambda q_, k_, p_: block_logits(q_, k_, qs, ks, *p_), q_blk, k_ext, params)
         vis = visible(qs, ks)
-        p = jnp.where(vis, jnp.exp(jnp.where(vis, logits, A.NEG_INF) - lse_blk), 0.0)
-        v_blk = A._slice(v_p, j * bk + halo, bk, 2)
+        p = jnp.where(vis, jnp.exp(jnp.where(vis, logits, NEG_INF) - lse_blk), 0.0)
+        v_blk = blocks.slice_block(v_p, j * bk + halo, bk, 2)
         p_g = _grouped(p, g).astype(v_p.dtype)
         d_v_blk = jnp.einsum('bgxk,bgxd->bgkd', p_g, d_out_g, preferred_element_type=_F32)
         d_p = jnp.einsum('bgxd,bgkd->bgxk', d_out_g, v_blk, preferred_element_type=_F32)

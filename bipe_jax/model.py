@@ -46,16 +46,19 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from bipe_jax import attention as attention_lib
 from bipe_jax import context_parallel
 from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
+from bipe_jax import remat as remat_lib
 from bipe_jax.config import ModelConfig
 from bipe_jax.encodings import absolute
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import dape
 from bipe_jax.encodings import fire
+from bipe_jax.encodings import initializers
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import rope
 from bipe_jax.encodings import t5
@@ -108,7 +111,8 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-    scale = self.param('scale', nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+    scale = self.param('scale',
+                       initializers.logically_partitioned(nn.initializers.ones, ('embed',)),
                        (x_BxTxD.shape[-1],), jnp.float32)
     x = x_BxTxD.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
@@ -126,14 +130,15 @@ class Projection(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    kernel = self.param('kernel', nn.with_logical_partitioning(_INIT, self.axes), self.shape,
-                        jnp.float32)
+    kernel = self.param('kernel', initializers.logically_partitioned(_INIT, self.axes),
+                        self.shape, jnp.float32)
     path = kernels_lib.select(self.kernels)
     if context_parallel.context_size() > 1:
       # The cpu path's 2-D form merges the batch and sequence axes, which a context-sharded
       # sequence cannot be merged into without gathering it: the einsum keeps them apart.
       path = kernels_lib.select('portable')
-    return path.project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    y = path.project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    return checkpoint_name(y, self.name)  # for model.remat's policies
 
 
 def _module_params(make_module: Callable[..., nn.Module], name: str, *example_args) -> dict:
@@ -488,7 +493,8 @@ class Transformer(nn.Module):
       q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,
-                     embedding_init=nn.with_logical_partitioning(_INIT, ('vocab', 'embed')),
+                     embedding_init=initializers.logically_partitioned(_INIT,
+                                                                       ('vocab', 'embed')),
                      name='embed')
     x = embed(tokens_BxT).astype(dtype)
     if scheme.input != 'none':
@@ -508,14 +514,14 @@ class Transformer(nn.Module):
     # cache may hold left padding (decode).
     mask_keys = decode or valid_BxT is not None
     if cfg.scan_layers:
-      body = nn.remat(ScannedDecoderLayer) if cfg.remat else ScannedDecoderLayer
+      body = remat_lib.remat_layer(ScannedDecoderLayer, cfg.remat, scanned=True)
       stack = nn.scan(body, variable_axes={'params': 0, 'cache': 0},
                       split_rngs={'params': True}, length=cfg.num_layers,
                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
                       metadata_params={nn.PARTITION_NAME: 'layers'})
       x, _ = stack(cfg, decode, mask_keys, name=SCANNED_LAYERS)(x, q_side, k_side, cache_index)
     else:
-      layer_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+      layer_cls = remat_lib.remat_layer(DecoderLayer, cfg.remat, scanned=False)
       for i in range(cfg.num_layers):
         x = layer_cls(cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side,
                                                                  cache_index)

@@ -1,4 +1,5 @@
-"""Restoring a trained run from its workdir for evaluation.
+"""Restoring a trained run from its workdir: for evaluation, generation, `train.init_from` and
+conversion (below training and evaluation, so neither imports the other).
 
 A training workdir (train/main.py) holds the config the run used and Orbax checkpoints of the
 train state (bipe_jax/training/checkpointing.py). `load_run` reads the config, rebuilds the
@@ -11,7 +12,6 @@ modifies the workdir.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from typing import Any, Callable
@@ -22,6 +22,7 @@ import ml_collections
 from bipe_jax import config as model_config_lib
 from bipe_jax import kernels
 from bipe_jax import run_tokenizer
+from bipe_jax import workdir_io
 from bipe_jax import model as model_lib
 from bipe_jax.training import checkpointing
 from bipe_jax.training import mesh as mesh_lib
@@ -67,17 +68,16 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a training run saved in `workdir`; RunError naming what is missing."""
   if not workdir:
     raise RunError('--workdir is empty: give the directory of a training run')
-  if not os.path.isdir(workdir):
+  if not workdir_io.isdir(workdir):
     raise RunError(f'workdir {workdir!r} does not exist (train first: python train/main.py '
                    f'--config=configs/tiny.py --workdir={workdir})')
-  if not os.listdir(workdir):
+  if not workdir_io.listdir(workdir):
     raise RunError(f'workdir {workdir!r} is empty: no saved config and no checkpoint (train '
                    f'first: python train/main.py --config=configs/tiny.py --workdir={workdir})')
   for name in CONFIG_FILES:
-    path = os.path.join(workdir, name)
-    if os.path.isfile(path):
-      with open(path, encoding='utf-8') as f:
-        return ml_collections.ConfigDict(json.load(f))
+    saved = workdir_io.read_json(os.path.join(workdir, name))
+    if saved is not None:
+      return ml_collections.ConfigDict(saved)
   raise RunError(f'workdir {workdir!r} has no saved config ({" or ".join(CONFIG_FILES)}): is it '
                  'a training workdir of train/main.py?')
 
