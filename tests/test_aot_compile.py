@@ -111,8 +111,10 @@ def test_eval_step_and_cli_table_and_json(tmp_path, capsys):
   assert {'temp_bytes', 'argument_bytes', 'total_bytes', 'flops', 'collectives'} <= set(train)
   assert evaluation['alias_bytes'] == 0  # nothing donated: parameters are read, not updated
   assert evaluation['argument_bytes'] < train['argument_bytes']  # no optimizer state
-  # eval batch 2 rounded up to the 4 batch shards, 32 tokens: at least 2 * params * tokens
-  assert evaluation['flops'] >= 2 * param_count(tiny_config()) * 4 * 32 / 4 * 0.5
+  # eval batch 2 (a multiple of the 2 batch shards) x 32 tokens over 4 chips: about
+  # 2 * params * tokens / chips, in XLA's count and the model's
+  assert evaluation['flops'] >= 2 * param_count(tiny_config()) * 2 * 32 / 4 * 0.5
+  assert 0.5 < evaluation['flops'] / evaluation['model_flops'] < 2
 
 
 def test_a_step_that_cannot_fit_exits_1_with_one_line(capsys):
