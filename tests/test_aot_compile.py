@@ -64,7 +64,7 @@ def test_tiny_model_compiles_for_tpu(encoding, mesh):
   report = aot_compile.compile_for_topology(config, TOPOLOGY)
   step = report.steps[0]
   assert report.device_kind == 'TPU v5 lite' and report.num_devices == 4
-  assert report.mesh == dict(zip(('data', 'fsdp', 'tensor'), mesh))
+  assert report.mesh == {'data': mesh[0], 'fsdp': mesh[1], 'context': 1, 'tensor': mesh[2]}
   assert report.hbm_bytes == 16 * aot_compile.GIB and report.fits()
   n = param_count(config)
   data, fsdp, tensor = mesh
@@ -212,7 +212,8 @@ def test_the_tpu_program_takes_the_portable_path():
 def test_two_slices_put_the_data_axis_across_them():
   config = tiny_config('rope', (2, 4, 1))
   report = aot_compile.compile_for_topology(config, TOPOLOGY, num_slices=2)
-  assert report.num_devices == 8 and report.mesh == {'data': 2, 'fsdp': 4, 'tensor': 1}
+  assert report.num_devices == 8 and report.mesh == {'data': 2, 'fsdp': 4, 'context': 1,
+                                                     'tensor': 1}
   assert report.fits()
   with pytest.raises(aot_compile.CompileError, match=r'mesh.data \(1\) must be a multiple'):
     aot_compile.compile_for_topology(tiny_config('rope', (1, 8, 1)), TOPOLOGY, num_slices=2)
