@@ -124,13 +124,6 @@ def gathered_kv_attention(attend: Callable[..., jax.Array], q_BxHxTxDh: jax.Arra
   arrays = {n: x for n, x in kwargs.items() if n in _QUERY_SIDE + _KEY_SIDE + (_KEY_BIAS,)
             and x is not None}
   static = {n: x for n, x in kwargs.items() if n not in arrays}
-  if attend is attention_lib.blockwise_attention:
-    # Blockwise attention's flash custom VJP (flash_attention.py) closes over the shard's
-    # integer position slices, which leak out of this shard_map when its backward is traced
-    # (UnexpectedTracerError). Until it takes them as arguments, each shard runs dense
-    # attention on [T / C, T]: the same values and gradients, memory B*H*(T/C)*T per shard.
-    attend = attention_lib.dense_attention
-    static = {n: x for n, x in static.items() if n not in ('block_size', 'transform_halo')}
   for n in ('batch_axes', 'head_axes'):  # the Pallas kernels' own per-device mapping: this
     if n in static:                      # shard_map already runs per device
       static[n] = None
