@@ -142,7 +142,7 @@ def _model(name, impl, **extra):
   fields = dict(vocab_size=16, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                 ffn_size=64, position_encoding=name, separators='ids', separator_ids=(3, 4),
                 max_intra=64, max_position=64, block_size=8, attention_impl=impl, bos_id=1,
-                t5_buckets=8, t5_max_distance=16)
+                t5_buckets=8, t5_max_distance=16, train_length=32)
   fields.update(extra)
   return model_lib.Transformer(config_lib.model_config_from_dict(fields))
 
