@@ -45,6 +45,8 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.dape_hidden = 32
   m.dapev2_kernel = 3
   m.fire_hidden = 32
+  m.fire_init_L = 0  # official init_L (noise_seq_length); 0 = train_length // 4
+  m.fire_halve_init_L = True  # L0 = init_L // 2 (official Megatron); False = DAPE.py's L0 = init_L
   m.t5_buckets = 32
   m.t5_max_distance = 128
   return m
