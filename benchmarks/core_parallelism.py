@@ -48,7 +48,7 @@ print(json.dumps({'flops_per_s': 2.0 * n ** 3 * count / (time.perf_counter() - t
 def run_workers(cores: list[int], size: int, seconds: float) -> list[float]:
   """FLOP/s of one worker per entry of `cores`, all started at the same moment."""
   start_at = time.time() + 8.0  # after every worker has imported JAX and compiled
-  from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
+  from bipe_jax.kernels import cpu_devices  # pylint: disable=g-import-not-at-top
   env = cpu_devices.single_thread_environment(
       {k: v for k, v in os.environ.items() if k not in ('XLA_FLAGS', 'NPROC')})
   procs = [subprocess.Popen([sys.executable, '-c', WORKER, str(c), str(size), str(seconds),

@@ -7,7 +7,7 @@ Run:  .venv/bin/python benchmarks/head_and_weight_gradient.py [--tokens 2048] [-
    4096): the materialised logits with train_step.token_nll against
    chunked_loss.lm_head_nll_sum at several chunk sizes (training/chunked_loss.py).
 2. A projection's forward and backward (x @ w, gradients in x and w) through `jnp.matmul`
-   against bipe_jax.matmul.matmul_2d (weight gradient x^T dy in the kernel's layout; until
+   against bipe_jax.kernels.cpu_matmul.matmul_2d (weight gradient x^T dy in the kernel's layout; until
    2026-11-25 it computed dy^T x transposed for kernels wider in than out, which the stored
    results measured). On one device both forms compile alike; the layout matters under data
    parallelism (benchmarks/README.md, 2026-11-25 afternoon).
@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common  # pylint: disable=g-import-not-at-top
-from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
+from bipe_jax.kernels import cpu_devices  # pylint: disable=g-import-not-at-top
 
 WIDTH, VOCAB = 128, 4096
 CHUNKS = (128, 256, 512, 1024)
@@ -35,7 +35,7 @@ PROJECTIONS = ((128, 512), (512, 128), (128, 128), (768, 3072), (3072, 768))
 def head_candidates(tokens: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bipe_jax import matmul  # pylint: disable=g-import-not-at-top
+  from bipe_jax.kernels import cpu_matmul as matmul  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import chunked_loss  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import train_step  # pylint: disable=g-import-not-at-top
   k = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -63,7 +63,7 @@ def head_candidates(tokens: int) -> dict:
 def projection_candidates(tokens: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bipe_jax import matmul  # pylint: disable=g-import-not-at-top
+  from bipe_jax.kernels import cpu_matmul as matmul  # pylint: disable=g-import-not-at-top
   out = {}
   for d_in, d_out in PROJECTIONS:
     k = jax.random.split(jax.random.PRNGKey(1), 3)

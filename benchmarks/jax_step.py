@@ -76,13 +76,12 @@ def make_project_step(preset: str = 'tiny', overrides: Mapping[str, Any] | None 
 
 def use_cpu_devices(count: int) -> int:
   """Splits this CPU host into `count` single-threaded JAX devices and keeps freed host memory
-  in the process, as `train/main.py --cpu_devices` does (bipe_jax.training.cpu_devices,
-  host_malloc); call before JAX starts. The malloc settings are process-wide, so a PyTorch
-  step timed in the same process gets them too."""
-  from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # as train/main.py: for both sides of a comparison
-  return cpu_devices.use_cpu_devices(count)
+  in the process, as `train/main.py --cpu_devices` does with the cpu kernels
+  (bipe_jax.kernels.process_setup); call before JAX starts. The malloc settings are
+  process-wide, so a PyTorch step timed in the same process gets them too."""
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process('cpu', count)  # as train/main.py: for both sides of a comparison
+  return count
 
 
 def _make_project_step(preset, overrides, *, seed, devices=1):

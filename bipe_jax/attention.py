@@ -47,7 +47,10 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-NEG_INF = -1e30  # finite "minus infinity": keeps exp() and its gradient NaN-free
+from bipe_jax import kernels as kernels_lib
+from bipe_jax.kernels.gqa_products import NEG_INF
+from bipe_jax.kernels.gqa_products import attention_scores
+from bipe_jax.kernels.gqa_products import weighted_values
 _POS_PAD = jnp.iinfo(jnp.int32).max  # causal index of padded keys (never visible)
 _QPOS_PAD = jnp.iinfo(jnp.int32).min  # causal index of padded queries (see nothing)
 
@@ -74,28 +77,6 @@ def _check_shapes(q, k, v, q_pos, k_pos):
                      f'got {q_pos.shape} and {k_pos.shape}.')
 
 
-def attention_scores(q_BxHxQxDh, k_BxGxKxDh, scale: float) -> jax.Array:
-  """scale * q.k in float32, [B, H, Q, K], with GQA grouping (no KV repetition in memory).
-
-  The R = H / G query heads of a group are merged into the query axis, so the product is one
-  4-D batched matmul (measured ~2x faster forward + backward on XLA CPU than a 5-D einsum).
-  """
-  b, h, nq, d = q_BxHxQxDh.shape
-  g, nk = k_BxGxKxDh.shape[1], k_BxGxKxDh.shape[2]
-  q4 = (q_BxHxQxDh * jnp.asarray(scale, q_BxHxQxDh.dtype)).reshape(b, g, (h // g) * nq, d)
-  s = jnp.einsum('bgxd,bgkd->bgxk', q4, k_BxGxKxDh, preferred_element_type=jnp.float32)
-  return s.reshape(b, h, nq, nk)
-
-
-def _weighted_values(p_BxHxQxK, v_BxGxKxDh) -> jax.Array:
-  """p @ v with GQA grouping (query heads merged into the query axis): [B, H, Q, Dh] float32."""
-  b, h, nq, nk = p_BxHxQxK.shape
-  g, d = v_BxGxKxDh.shape[1], v_BxGxKxDh.shape[3]
-  p4 = p_BxHxQxK.reshape(b, g, (h // g) * nq, nk).astype(v_BxGxKxDh.dtype)
-  o = jnp.einsum('bgxk,bgkd->bgxd', p4, v_BxGxKxDh, preferred_element_type=jnp.float32)
-  return o.reshape(b, h, nq, d)
-
-
 def _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_streams,
              k_streams):
   """bool [B or 1, 1, q, k]: which (query, key) pairs may attend."""
@@ -110,86 +91,6 @@ def _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_s
   if mask_fn is not None:
     vis = vis & mask_fn(q_streams, k_streams)
   return vis[:, None]
-
-
-def _sum_to_shape(x: jax.Array, shape: tuple) -> jax.Array:
-  """Sums `x` over the axes where `shape` (same rank) has size 1: the cotangent of a
-  broadcast."""
-  axes = tuple(i for i, (n, m) in enumerate(zip(x.shape, shape)) if m == 1 and n != 1)
-  return jnp.sum(x, axis=axes, keepdims=True) if axes else x
-
-
-def _swap_last(x: jax.Array) -> jax.Array:
-  return jnp.swapaxes(x, -1, -2)
-
-
-def _transposed_product(equation: str, a_t: jax.Array, b: jax.Array) -> jax.Array:
-  """einsum(equation, a_t, b) (float32) with its last two axes swapped, where `a_t` is the
-  transpose of an array and `equation` contracts a_t's last axis.
-
-  The product is computed in that form (a row-major matmul) and only then transposed.
-  Optimization barriers around a_t and the product keep XLA from folding either transpose into
-  the matmul, which would turn it back into the slow form that contracts the left operand's
-  second-to-last axis (XLA folds the inner one, or the outer one by swapping the operands,
-  depending on the surrounding fusions).
-  """
-  product = jnp.einsum(equation, jax.lax.optimization_barrier(a_t), b,
-                       preferred_element_type=jnp.float32)
-  return _swap_last(jax.lax.optimization_barrier(product))
-
-
-@jax.custom_vjp
-def _softmax_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, bias, visible):
-  """softmax(q.k + bias, masked by `visible`) @ v, float32 [B, H, Q, Dh] (q already scaled).
-
-  bias: None or float32 [B or 1, H, Q, K]; visible: bool [B or 1, 1, Q, K]. A row with no
-  visible key gives zeros. The backward pass is written by hand (FlashAttention's formulas on
-  the stored probabilities) so that each of its four matmuls has the form XLA CPU runs fast:
-  the two products that contract the query axis, dV = P^T dO and dK = dS^T Q, are computed as
-  their transposes dO^T P and Q^T dS (whose left operand contracts its last axis) and handed
-  back transposed (`_transposed_product`). In isolation that form runs ~1.8x faster than the
-  automatic one (0.77 vs 1.37 ms at [16, 4, 128, 32], one thread); without the barrier XLA kept
-  it for dV but folded dK back into the slow form. The whole training step: 0.976x with the
-  barrier on dK (tiny preset, benchmarks/README.md).
-  """
-  return _softmax_attention_fwd(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, bias, visible)[0]
-
-
-def _softmax_attention_fwd(q, k, v, bias, visible):
-  logits = attention_scores(q, k, 1.0)
-  if bias is not None:
-    logits = logits + bias
-  logits = jnp.where(visible, logits, NEG_INF)
-  m = jnp.max(logits, axis=-1, keepdims=True)
-  p = jnp.where(visible, jnp.exp(logits - m), 0.0)
-  denom = jnp.sum(p, axis=-1, keepdims=True)
-  denom = jnp.where(denom == 0.0, 1.0, denom)
-  out = _weighted_values(p, v) / denom
-  return out, (q, k, v, bias, p, denom, out)
-
-
-def _softmax_attention_bwd(residuals, d_out_BxHxQxDh):
-  q, k, v, bias, p, denom, out = residuals
-  b, h, nq, d = q.shape
-  g, nk = k.shape[1], k.shape[2]
-  grouped = lambda x: x.reshape(b, g, (h // g) * nq, x.shape[-1])
-  f32 = jnp.float32
-  probs = p / denom
-  d_out = grouped(d_out_BxHxQxDh).astype(v.dtype)
-  d_v = _transposed_product('bgdx,bgxk->bgdk', _swap_last(d_out),
-                             grouped(probs).astype(v.dtype))
-  d_probs = jnp.einsum('bgxd,bgkd->bgxk', d_out, v, preferred_element_type=f32)
-  row = jnp.sum(d_out_BxHxQxDh.astype(f32) * out, axis=-1, keepdims=True)
-  d_logits = probs * (d_probs.reshape(b, h, nq, nk) - row)  # zero where not visible
-  d_logits4 = grouped(d_logits).astype(q.dtype)
-  d_q = jnp.einsum('bgxk,bgkd->bgxd', d_logits4, k, preferred_element_type=f32)
-  d_k = _transposed_product('bgdx,bgxk->bgdk', _swap_last(grouped(q)), d_logits4)
-  d_bias = None if bias is None else _sum_to_shape(d_logits, bias.shape).astype(bias.dtype)
-  return (d_q.reshape(b, h, nq, d).astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype),
-          d_bias, None)
-
-
-_softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 
 
 def _block_logits(q, k, q_pos, k_pos, q_streams, k_streams, k_in_range, *, scale, bias_fn,
@@ -223,11 +124,14 @@ def dense_attention(q_BxHxQxDh: jax.Array,
                     mask_fn: Optional[MaskFn] = None,
                     causal: bool = True,
                     scale: Optional[float] = None,
-                    k_in_range: Optional[jax.Array] = None) -> jax.Array:
+                    k_in_range: Optional[jax.Array] = None,
+                    kernels: str = 'auto') -> jax.Array:
   """Attention over the full [Q, K] score matrix; returns [B, H, Q, Dh] in q's dtype.
 
   See the module docstring for the arguments. `k_in_range` [B, K] (default all True) tells a
   transform which keys are real; the model's KV cache uses it for slots past its length.
+  Without a transform, the softmax core is the `kernels` path's (bipe_jax.kernels: 'auto' |
+  'portable' | 'cpu').
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
   _check_shapes(q, k, v, q_pos, k_pos)
@@ -241,7 +145,8 @@ def dense_attention(q_BxHxQxDh: jax.Array,
                  k_streams)
   if transform_fn is None:
     bias = None if bias_fn is None else bias_fn(q_streams, k_streams).astype(jnp.float32)
-    return _softmax_attention(q * jnp.asarray(scale, q.dtype), k, v, bias, vis).astype(q.dtype)
+    core = kernels_lib.select(kernels).softmax_attention
+    return core(q * jnp.asarray(scale, q.dtype), k, v, bias, vis).astype(q.dtype)
   if k_in_range is None:  # padding keys count as outside the row for a key-axis transform
     k_in_range = jnp.ones(k_pos.shape, bool) if k_valid is None else k_valid
   logits = _block_logits(q, k, q_pos, k_pos, q_streams, k_streams, k_in_range, scale=scale,
@@ -252,7 +157,7 @@ def dense_attention(q_BxHxQxDh: jax.Array,
   m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
   p = jnp.where(vis, jnp.exp(logits - m), 0.0)
   denom = jnp.sum(p, axis=-1, keepdims=True)
-  out = _weighted_values(p, v) / jnp.where(denom == 0.0, 1.0, denom)
+  out = weighted_values(p, v) / jnp.where(denom == 0.0, 1.0, denom)
   return out.astype(q.dtype)
 
 
@@ -371,7 +276,7 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
       corr = jnp.exp(m - m_new)
       l_new = corr * l + jnp.sum(p, axis=-1, keepdims=True)
       v_blk = _slice(v_p, start + halo, bk, 2)
-      acc_new = corr * acc + _weighted_values(p, v_blk)
+      acc_new = corr * acc + weighted_values(p, v_blk)
       return m_new, l_new, acc_new
 
     if not causal:

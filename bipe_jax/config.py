@@ -9,6 +9,7 @@ from typing import Any, Mapping, Tuple
 import jax.numpy as jnp
 
 from bipe_jax import attention
+from bipe_jax import kernels
 from bipe_jax import schemes
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)  # Llama tokenizer: '▁.' and '<0x0A>' (official BiPE code)
@@ -51,6 +52,7 @@ class ModelConfig:
   dtype: str = 'float32'
   remat: bool = False
   scan_layers: bool = False  # nn.scan over the decoder layers (params under 'layers', [L, ...])
+  kernels: str = 'auto'  # auto | portable | cpu (bipe_jax.kernels)
   dape_hidden: int = 32
   dapev2_kernel: int = 3
   fire_hidden: int = 32
@@ -180,6 +182,8 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                  f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
                  'that never decrease between visible tokens: with restart_at_documents, set '
                  'mask_across_documents=True (or use blockwise)')
+  if cfg.kernels not in kernels.KERNELS:
+    raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')
   if cfg.dtype not in DTYPES:
     raise _err('dtype', cfg.dtype, f'must be one of {DTYPES}')
   if cfg.dapev2_kernel % 2 != 1:

@@ -48,8 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from bipe_jax import attention as attention_lib
-from bipe_jax.matmul import matmul_2d  # pylint: disable=unused-import (model.matmul_2d)
-from bipe_jax.matmul import matmul_einsum
+from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax.config import ModelConfig
 from bipe_jax.encodings import absolute
@@ -88,19 +87,17 @@ class Side:
 
 def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array,
                 num_positions: Optional[int] = None) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [B, 1, T, Dh] of the config's RoPE (base, scaling) at `positions`.
+  """(cos, sin) [B, 1, T, Dh] of the config's RoPE (base, scaling) at `positions`, as the
+  config's kernels path makes them once per forward pass (bipe_jax.kernels: computed in the
+  program, or on CPU read from host tables up to a bound).
 
-  `num_positions`: a bound the caller guarantees (every position in [0, num_positions)); up to
-  `rope.MAX_TABLE_POSITIONS` the values are read from host-computed tables instead of
-  evaluating sin / cos in the program (same values up to float32 rounding; see
-  `rope.rope_cos_sin_lookup` for why).
+  `num_positions`: a bound the caller guarantees (every position in [0, num_positions)).
   """
   inv_freq = rope.rope_inv_frequencies(cfg.head_size, cfg.rope_base, cfg.rope_scaling,
                                        cfg.rope_scaling_factor, cfg.rope_original_length)
   mscale = rope.rope_attention_scale(cfg.rope_scaling, cfg.rope_scaling_factor)
-  if num_positions is not None and num_positions <= rope.MAX_TABLE_POSITIONS:
-    return rope.rope_cos_sin_lookup(positions_BxT, inv_freq, num_positions, mscale)
-  return rope.rope_cos_sin(positions_BxT, inv_freq, mscale)
+  return kernels_lib.select(cfg.kernels).rope_cos_sin(positions_BxT, inv_freq, mscale,
+                                                      num_positions)
 
 
 class RMSNorm(nn.Module):
@@ -118,18 +115,20 @@ class RMSNorm(nn.Module):
 
 
 class Projection(nn.Module):
-  """A bias-free linear map given by an einsum equation (computed as one 2-D matmul);
-  param 'kernel' of `shape` (float32)."""
+  """A bias-free linear map given by an einsum equation, computed by the `kernels` path's
+  `project` (bipe_jax.kernels); param 'kernel' of `shape` (float32)."""
   shape: tuple
   axes: tuple
   equation: str
   dtype: Any = jnp.float32
+  kernels: str = 'auto'
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.param('kernel', nn.with_logical_partitioning(_INIT, self.axes), self.shape,
                         jnp.float32)
-    return matmul_einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    project = kernels_lib.select(self.kernels).project
+    return project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
 
 
 def _pure(make_module: Callable[..., nn.Module], name: str, *example_args) -> Callable:
@@ -195,7 +194,7 @@ class Attention(nn.Module):
     cfg, scheme = self.config, self.config.scheme
     h, g, dh, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.hidden_size
     dtype = cfg.compute_dtype
-    proj = lambda n, shape, axes, eq: Projection(shape, axes, eq, dtype, name=n)
+    proj = lambda n, shape, axes, eq: Projection(shape, axes, eq, dtype, cfg.kernels, name=n)
     q = proj('query', (d, h, dh), ('embed', 'heads', 'head_dim'), 'btd,dhk->bhtk')(x_BxTxD)
     k = proj('key', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
     v = proj('value', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
@@ -239,6 +238,8 @@ class Attention(nn.Module):
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
     if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
+    if impl == 'dense':
+      kwargs.update(kernels=cfg.kernels)
     out_BxHxTxDh = attention_lib.attention_fn(impl)(q, k, v, **kwargs)
     out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
                                               ('batch', 'heads', 'length', 'head_dim'))
@@ -264,11 +265,12 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     cfg = self.config
-    d, f, dtype = cfg.hidden_size, cfg.ffn_size, cfg.compute_dtype
-    gate = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, name='gate')(x_BxTxD)
-    up = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, name='up')(x_BxTxD)
+    d, f, dtype, kern = cfg.hidden_size, cfg.ffn_size, cfg.compute_dtype, cfg.kernels
+    gate = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, kern, name='gate')(x_BxTxD)
+    up = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, kern, name='up')(x_BxTxD)
     hidden_BxTxF = nn.with_logical_constraint(swiglu(gate, up), ('batch', 'length', 'mlp'))
-    return Projection((f, d), ('mlp', 'embed'), 'btf,fd->btd', dtype, name='down')(hidden_BxTxF)
+    return Projection((f, d), ('mlp', 'embed'), 'btf,fd->btd', dtype, kern,
+                      name='down')(hidden_BxTxF)
 
 
 class DecoderLayer(nn.Module):
@@ -439,13 +441,11 @@ class Transformer(nn.Module):
     else:
       q_side, k_side, cache_index = sides
     if scheme.rotary != 'none':
-      # sin/cos once per forward pass. Streams computed here from the token ids lie in [0, t),
-      # so they are read from host tables; given positions or a decode cache may hold any
-      # value, so they are computed (the barrier asks XLA to materialise them once; XLA CPU
-      # drops it before fusion and recomputes them in every consumer, hence the tables).
+      # sin/cos once per forward pass. Streams computed here from the token ids lie in [0, t)
+      # (a bound the CPU path reads host tables up to); given positions or a decode cache may
+      # hold any value.
       bound = t if sides is None and positions is None else None
-      cos, sin = jax.lax.optimization_barrier(
-          rope_tables(cfg, q_side.stream(scheme.rotary), bound))
+      cos, sin = rope_tables(cfg, q_side.stream(scheme.rotary), bound)
       q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,
@@ -484,7 +484,7 @@ class Transformer(nn.Module):
     if return_hidden:
       return x
     logits = Projection((cfg.hidden_size, cfg.vocab_size), ('embed', 'vocab'), 'btd,dv->btv',
-                        dtype, name='lm_head')(x)
+                        dtype, cfg.kernels, name='lm_head')(x)
     return logits.astype(jnp.float32)
 
 

@@ -24,10 +24,25 @@ class _KnownNoise(logging.Filter):
     return not str(record.getMessage()).startswith(QUIET_WARNINGS)
 
 
+class _FileHandlerMadeOnFirstLine(logging.FileHandler):
+  """Creates its file (and folder) when the first line arrives: a run refused at start leaves
+  no log file behind."""
+
+  def _open(self):
+    os.makedirs(os.path.dirname(self.baseFilename), exist_ok=True)
+    return super()._open()
+
+
+def filter_known_noise() -> None:
+  """Keeps the `QUIET_WARNINGS` lines off absl's stderr handler (a CLI without a log file)."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.get_absl_handler().addFilter(_KnownNoise())
+
+
 def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Handler:
-  """INFO and above to the file `path` (appended, created with its folder); the terminal keeps
+  """INFO and above to the file `path` (appended, created with its folder at the first line);
+  the terminal keeps
   WARNING and above only. Returns the file handler (call `handler.close()` to detach it)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   root = logging.getLogger()
   consoles = [h for h in root.handlers if not isinstance(h, logging.FileHandler)]
   for handler in consoles:  # absl's stderr handler and any other console handler
@@ -46,20 +61,8 @@ def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Han
   except ImportError:  # absl is a dependency of JAX, but the function does not need it
     pass
   root.setLevel(min(root.level or level, level))
-  file_handler = logging.FileHandler(path, encoding='utf-8')
+  file_handler = _FileHandlerMadeOnFirstLine(path, encoding='utf-8', delay=True)
   file_handler.setLevel(level)
   file_handler.setFormatter(logging.Formatter(_FORMAT))
   root.addHandler(file_handler)
   return file_handler
-
-
-def start_quiet_cli(argv) -> None:
-  """The start of an evaluation CLI's `main(argv)` under absl.app: refuses stray positional
-  arguments (absl.app.UsageError) and, unless --verbosity was given, keeps library INFO logs
-  (Orbax restores, TFDS) off the terminal by setting absl's verbosity to WARNING."""
-  from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:
-    absl_logging.set_verbosity(absl_logging.WARNING)

@@ -42,6 +42,9 @@ def model_defaults() -> ml_collections.ConfigDict:
   # nn.scan over the decoder layers: one compiled layer body (compile time flat in depth);
   # parameters under 'layers' with a leading [num_layers] axis (model.stack_layer_params).
   m.scan_layers = False
+  # Compute forms (bipe_jax/kernels): portable (stock XLA forms for TPU / GPU) | cpu (tuned for
+  # XLA CPU) | auto (cpu when the mesh's devices are CPU devices, else portable).
+  m.kernels = 'auto'
   m.dape_hidden = 32
   m.dapev2_kernel = 3
   m.fire_hidden = 32
@@ -100,6 +103,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   # Fine-tune from a trained model: parameters only (fresh optimizer, step 0) from a workdir
   # ('DIR' or 'DIR@STEP') or a Hugging Face folder; see bipe_jax/training/init_from.py.
   t.init_from = ''
+  # A fine-tune keeps its source's position streams (encoding, separators rule); True allows
+  # another model.position_encoding / model.separators than the source's.
+  t.init_from_allow_encoding_change = False
   t.log_every = 10
   t.eval_every = 0  # steps between validation measurements (0 = none); see training/validation.py
   t.eval_tokens = 16384  # validation tokens scored each time (a fixed slice of the split)

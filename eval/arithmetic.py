@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_multi_string('workdir', [], 'Training workdir (repeatable).')
@@ -28,16 +28,14 @@ _OUTPUT = flags.DEFINE_string('output', '', 'JSON results file ("" = none).')
 
 
 def main(argv):
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  from bipe_jax.evaluation import cli  # pylint: disable=g-import-not-at-top
-  return cli.arithmetic_main(
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process()  # a CPU run's set-up (freed memory kept), before JAX starts
+  from bipe_jax.evaluation import cli as eval_cli  # pylint: disable=g-import-not-at-top
+  return eval_cli.arithmetic_main(
       workdirs=_WORKDIR.value, per_length=_PER_LENGTH.value, batch_size=_BATCH.value,
       step=_STEP.value, attention_impl=_ATTENTION.value, output=_OUTPUT.value,
       command=' '.join(['python eval/arithmetic.py'] + sys.argv[1:]))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

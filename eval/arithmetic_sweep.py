@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -47,10 +47,8 @@ def _ints(flag) -> tuple:
 
 
 def main(argv):
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
-  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
-  run_logging.start_quiet_cli(argv)
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process()  # a CPU run's set-up (freed memory kept), before JAX starts
   from bipe_jax.evaluation import arithmetic_sweep  # pylint: disable=g-import-not-at-top
   try:
     plan = arithmetic_sweep.SweepPlan(
@@ -66,4 +64,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

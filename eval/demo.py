@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from bipe_jax.evaluation import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -42,10 +42,8 @@ _DATA_DIR = flags.DEFINE_string('data_dir', _D.data_dir, 'Where the embedded cor
 
 
 def main(argv):
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process()  # a CPU run's set-up (freed memory kept), before JAX starts
   try:
     plan = demo.DemoPlan(
         encodings=demo.parse_names(_ENCODINGS.value), seq_len=_SEQ_LEN.value,
@@ -61,4 +59,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir or converted checkpoint.')
@@ -32,10 +32,8 @@ flags.mark_flag_as_required('workdir')
 
 
 def main(argv):
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
-  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
-  run_logging.start_quiet_cli(argv)
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process()  # a CPU run's set-up (freed memory kept), before JAX starts
   from bipe_jax import generation  # pylint: disable=g-import-not-at-top
   try:
     sampling = generation.SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
@@ -58,4 +56,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_multi_string('workdir', [], 'Training workdir (repeatable).')
@@ -34,18 +34,16 @@ _PLOT = flags.DEFINE_string('plot', '', 'Heat-map PNG ("" = none).')
 
 
 def main(argv):
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
-  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
-  run_logging.start_quiet_cli(argv)
-  from bipe_jax.evaluation import cli  # pylint: disable=g-import-not-at-top
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process()  # a CPU run's set-up (freed memory kept), before JAX starts
+  from bipe_jax.evaluation import cli as eval_cli  # pylint: disable=g-import-not-at-top
   try:
     lengths = [int(x) for x in _LENGTHS.value]
     depths = [float(x) for x in _DEPTHS.value]
   except ValueError as e:
     print(f'error: --lengths / --depths: {e}', file=sys.stderr)
     return 2
-  return cli.passkey_main(
+  return eval_cli.passkey_main(
       workdirs=_WORKDIR.value, lengths=lengths, depths=depths, trials=_TRIALS.value,
       seed=_SEED.value, batch_size=_BATCH.value, step=_STEP.value,
       attention_impl=_ATTENTION.value, output=_OUTPUT.value, plot_path=_PLOT.value,
@@ -53,4 +51,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_multi_string('workdir', [], 'Training workdir (repeatable).')
@@ -40,12 +40,10 @@ _PLOT = flags.DEFINE_string('plot', '', 'PNG plot of perplexity vs length ("" = 
 
 
 def main(argv):
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  from bipe_jax.evaluation import cli  # pylint: disable=g-import-not-at-top
-  return cli.perplexity_main(
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  process_setup.setup_process()  # a CPU run's set-up (freed memory kept), before JAX starts
+  from bipe_jax.evaluation import cli as eval_cli  # pylint: disable=g-import-not-at-top
+  return eval_cli.perplexity_main(
       workdirs=_WORKDIR.value, lengths=_LENGTHS.value, step=_STEP.value, dataset=_DATASET.value,
       data_dir=_DATA_DIR.value, protocol=_PROTOCOL.value, stride=_STRIDE.value,
       max_tokens=_MAX_TOKENS.value, tokens_per_batch=_TOKENS_PER_BATCH.value,
@@ -54,4 +52,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

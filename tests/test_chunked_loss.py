@@ -75,12 +75,16 @@ def test_loss_equals_a_float64_loop(chunk_len, use_jit):
                              rtol=1e-5)
 
 
-@pytest.mark.parametrize('chunk_len', [1, 4, 8])
-def test_gradients_equal_autodiff_of_the_materialised_logits(chunk_len):
+@pytest.mark.parametrize('chunk_len, kernels', [(1, 'cpu'), (4, 'cpu'), (8, 'cpu'),
+                                               (1, 'portable'), (8, 'portable')])
+def test_gradients_equal_autodiff_of_the_materialised_logits(chunk_len, kernels):
+  """On both kernels paths (bipe_jax.kernels: how the hidden states enter the kernel's
+  gradient)."""
   args = tuple(map(jnp.asarray, _inputs(seed=1)))
   h, k, t, w = args
   scaled = lambda f: (lambda h, k, w: 2.5 * f(h, k, t, w))  # a cotangent other than 1
-  chunked = scaled(lambda h, k, t, w: chunked_loss.lm_head_nll_sum(h, k, t, w, chunk_len))
+  chunked = scaled(lambda h, k, t, w: chunked_loss.lm_head_nll_sum(h, k, t, w, chunk_len,
+                                                                   kernels=kernels))
   want_val, want = jax.value_and_grad(scaled(_plain), argnums=(0, 1, 2))(h, k, w)
   got_val, got = jax.jit(jax.value_and_grad(chunked, argnums=(0, 1, 2)))(h, k, w)
   np.testing.assert_allclose(got_val, want_val, rtol=1e-5)

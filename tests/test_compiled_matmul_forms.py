@@ -1,10 +1,12 @@
-"""The matmul forms of the compiled training gradient on CPU (a performance property that the
-code arranges on purpose, so a refactor that loses it fails here, not silently in a benchmark).
+"""The matmul forms of the compiled training gradient on the cpu kernels path (a performance
+property that the code arranges on purpose, so a refactor that loses it fails here, not
+silently in a benchmark).
 
 XLA's CPU dot that contracts the leading (row) axis of its left operand runs far slower than a
-plain row-major matmul (benchmarks/README.md). Two places of the code keep XLA from choosing
-that form: the attention backward's dK and dV (attention._transposed_product) and the head's
-weight gradient in the chunked loss (the hidden states enter the loop already transposed).
+plain row-major matmul (benchmarks/README.md). Two places of bipe_jax/kernels/cpu*.py keep XLA
+from choosing that form: the attention backward's dK and dV
+(cpu_attention._transposed_product) and the head's weight gradient in the chunked loss (the
+hidden states enter the loop already transposed: cpu.lm_head_scan_inputs).
 """
 
 import functools
@@ -31,7 +33,7 @@ def _compiled_gradient_hlo(position_encoding: str) -> str:
   cfg = config_lib.validate_model_config(config_lib.ModelConfig(
       vocab_size=V, hidden_size=D, num_layers=1, num_heads=HEADS, num_kv_heads=HEADS,
       ffn_size=4 * D, max_intra=T, max_position=T, train_length=T, separator_ids=(3,),
-      position_encoding=position_encoding, attention_impl='dense'))
+      position_encoding=position_encoding, attention_impl='dense', kernels='cpu'))
   model = Transformer(cfg)
   tokens = jnp.asarray(np.random.default_rng(0).integers(4, V, size=(B, T)), jnp.int32)
   params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens)['params'])
@@ -39,7 +41,8 @@ def _compiled_gradient_hlo(position_encoding: str) -> str:
   def loss(p):
     hidden = model.apply({'params': p}, tokens, return_hidden=True)
     return chunked_loss.lm_head_nll_sum(hidden, p['lm_head']['kernel'], tokens,
-                                        jnp.ones((B, T), jnp.float32), chunk_len=T // 2)
+                                        jnp.ones((B, T), jnp.float32), chunk_len=T // 2,
+                                        kernels='cpu')
 
   return jax.jit(jax.grad(loss)).lower(params).compile().as_text()
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bipe_jax.training import cpu_devices
+from bipe_jax.kernels import cpu_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +36,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_two_devices_before_jax_starts_and_a_clear_error_after():
   proc = _python(
       'import os, jax\n'
-      'from bipe_jax.training import cpu_devices as c\n'
+      'from bipe_jax.kernels import cpu_devices as c\n'
       'c.use_cpu_devices(2)\n'
       'print(len(jax.devices()), jax.devices()[0].platform, os.environ["XLA_FLAGS"],\n'
       '      os.environ["NPROC"])\n'

@@ -60,8 +60,16 @@ def test_build_data_and_train_tokenizer_clis(tmp_path):
             f'--data_dir={tmp_path / "data"}']
   out = run_cli('build_data.py', *common, '--vocab_size=340')
   assert out.returncode == 0, out.stderr
+  lines = out.stdout.strip().splitlines()  # a few lines, not the build report
+  assert len(lines) == 4 and lines[0].startswith('text_folder: built in '), lines
+  assert lines[0].endswith(' (28 train / 2 validation documents)'), lines
+  assert lines[1].startswith('tokenizer: ') and 'vocabulary 340' in lines[1], lines
+  assert not out.stderr.strip(), out.stderr  # library INFO logs stay off the terminal
+  out = run_cli('build_data.py', *common, '--vocab_size=340', '--json')
+  assert out.returncode == 0, out.stderr
   summary = json.loads(out.stdout[out.stdout.index('{'):])
-  assert summary['built'] and summary['trained_tokenizer'] and summary['vocab_size'] == 340
+  assert not summary['built'] and not summary['trained_tokenizer']  # reused
+  assert summary['vocab_size'] == 340
   assert summary['report']['documents']['train'] + summary['report']['documents']['validation'] == 30
   assert summary['train_tokens'] > 1000
   out = run_cli('train_tokenizer.py', *common, '--model_type=unigram', '--vocab_size=350',

@@ -95,7 +95,8 @@ class RopeTest(chex.TestCase):
     x = np.random.default_rng(3).normal(size=(2, 3, 7, 8)).astype(np.float32)
     pos = _positions(4, (2, 7), 50)
     inv = E.rope_inv_frequencies(8, scaling='yarn', factor=2.0, original_length=16)
-    cos, sin = self.variant(lambda p: rope_lib.rope_cos_sin_lookup(p, inv, 50, 1.1))(pos)
+    from bipe_jax.kernels import cpu as cpu_kernels  # pylint: disable=import-outside-toplevel
+    cos, sin = self.variant(lambda p: cpu_kernels.rope_cos_sin_lookup(p, inv, 50, 1.1))(pos)
     chex.assert_shape([cos, sin], (2, 1, 7, 8))
     computed = rope_lib.rope_cos_sin(pos, inv, 1.1)
     np.testing.assert_allclose(cos, computed[0], atol=2e-6)
@@ -104,11 +105,11 @@ class RopeTest(chex.TestCase):
                                rtol=2e-5, atol=2e-5)
 
   def test_table_lookup_rejects_a_range_it_cannot_hold(self):
-    from bipe_jax.encodings import rope as rope_lib  # pylint: disable=import-outside-toplevel
+    from bipe_jax.kernels import cpu as cpu_kernels  # pylint: disable=import-outside-toplevel
     inv = E.rope_inv_frequencies(8)
-    for bad in (0, rope_lib.MAX_TABLE_POSITIONS + 1):
+    for bad in (0, cpu_kernels.MAX_TABLE_POSITIONS + 1):
       with pytest.raises(ValueError, match='num_positions'):
-        rope_lib.rope_cos_sin_lookup(jnp.zeros((1, 2), jnp.int32), inv, bad)
+        cpu_kernels.rope_cos_sin_lookup(jnp.zeros((1, 2), jnp.int32), inv, bad)
 
   def test_frequency_scalings_match_hand_formulas(self):
     dh, base, s = 16, 10000.0, 4.0

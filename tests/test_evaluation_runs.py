@@ -8,6 +8,7 @@ logits are far from uniform, on the arithmetic task (vocab 19, nothing to downlo
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -130,6 +131,9 @@ def test_cli_json_and_png_equal_hand_loop(workdir, tmp_path):
       capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'perplexity' in proc.stdout and 'bipe_rope' in proc.stdout
+  # quiet: no absl / Orbax INFO line on the terminal, only progress bars and results
+  assert not re.search(r'^I\d{4} ', proc.stdout + proc.stderr, re.M), proc.stderr[-3000:]
+  assert len(proc.stdout.strip().splitlines()) <= 8, proc.stdout
   doc = json.loads(open(out).read())
   assert doc['protocol'] == 'sliding' and doc['stride'] == 8
   entry, = doc['runs']

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bipe_jax.training import host_malloc
+from bipe_jax.kernels import host_malloc
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc only')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the minor page faults of the loop. Each pass touches 16,384 pages of 4 KiB.
 PROBE = r'''
 import ctypes, resource, sys
-from bipe_jax.training import host_malloc
+from bipe_jax.kernels import host_malloc
 said = host_malloc.keep_freed_memory() if sys.argv[1] == 'tuned' else 'untouched'
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

@@ -127,3 +127,50 @@ def test_a_converted_model_holds_parameters_only_and_is_fine_tuned_not_resumed(
   line = proc.stderr.strip().splitlines()[-1]
   assert 'holds parameters only (a converted model, step 0)' in line
   assert f'--config.train.init_from={converted}' in line and 'Traceback' not in proc.stderr
+
+
+def test_cli_checks_the_source_before_writing_anything(dirs, source, tmp_path):
+  workdir = str(tmp_path / 'never')
+  for spec, expected in (
+      (str(tmp_path / 'nowhere'), 'nowhere does not exist'),
+      (source, "the source was trained with model.position_encoding='rope', this run uses "
+               "'bipe_rope'")):
+    proc = run_cli(dirs, workdir, '--config.train.steps=2', f'--config.train.init_from={spec}',
+                   expect=2)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert lines[0].startswith(f"config error: train.init_from='{spec}'")
+    assert not os.path.exists(workdir)  # no checkpoints/, tokenizer, metrics, stats, log
+  assert 'init_from_allow_encoding_change=true' in lines[0]
+
+
+def test_check_source_names_the_path_the_step_and_the_streams(source, tmp_path):
+  config = runs.read_config(source)
+  with config.unlocked():
+    config.train.init_from = source
+  init_from.check_source(config)  # the source itself: the same streams
+  for spec, pattern in ((str(tmp_path), 'holds no run: neither a bipe_jax workdir'),
+                        (f'{source}@3', r'checkpoint step 3 is not in .* \[2, 4\]')):
+    config.train.init_from = spec
+    with pytest.raises(init_from.InitFromError, match=pattern):
+      init_from.check_source(config)
+  config.train.init_from = source
+  config.model.position_encoding = 'bipe_rope'
+  with pytest.raises(init_from.InitFromError, match="'rope', this run uses 'bipe_rope'"):
+    init_from.check_source(config)
+  config.train.init_from_allow_encoding_change = True  # a deliberate change
+  init_from.check_source(config)
+
+
+def test_stream_mismatch_compares_encoding_and_separators_rule():
+  bipe = {'position_encoding': 'bipe_rope', 'separators': 'sentence', 'separator_ids': (5, 6)}
+  assert init_from.stream_mismatch(bipe, None, dict(bipe), None) is None
+  assert 'bipe_alibi' in init_from.stream_mismatch(
+      bipe, None, dict(bipe, position_encoding='bipe_alibi'), None)
+  assert "separators='sentence', this run with 'newline'" in init_from.stream_mismatch(
+      bipe, None, dict(bipe, separators='newline'), None)
+  assert 'separator ids (5, 6), this run at (7,)' in init_from.stream_mismatch(
+      bipe, None, dict(bipe, separators='ids', separator_ids=(7,)), None)
+  assert init_from.stream_mismatch(bipe, None, dict(bipe, separators='ids'), None) is None
+  rope = {'position_encoding': 'rope', 'separators': 'sentence'}
+  assert init_from.stream_mismatch(rope, None, dict(rope, separators='newline'), None) is None

@@ -462,9 +462,9 @@ def test_export_rejects_what_llama_cannot_express():
                                                      separator_ids=SEPARATORS))
   with pytest.raises(ValueError, match='position_encoding'):
     hf_llama.hf_config_from_model_fields(dict(fields, position_encoding='kerple'))
-  with pytest.raises(ValueError, match='separator_ids'):
+  with pytest.raises(ValueError, match='separator_ids is empty'):
     hf_llama.hf_config_from_model_fields(dict(fields, position_encoding='bipe_rope',
-                                              separator_ids=(5,)))
+                                              separator_ids=()))
   with pytest.raises(ValueError, match='restart_at_documents'):
     hf_llama.hf_config_from_model_fields(dict(fields, restart_at_documents=True))
 
@@ -500,3 +500,14 @@ def test_convert_cli_errors(tmp_path):
   (tmp_path / 'config.json').write_text('{"foo": 1}')
   with pytest.raises(ValueError, match='neither'):
     convert.detect_direction(str(tmp_path))
+
+
+def test_convert_cli_usage_errors_are_one_line(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    convert.main(['--from', str(tmp_path)])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and err.startswith('error: the following arguments are required: --to')
+  (tmp_path / 'file').write_text('')
+  assert convert.main(['--from', str(tmp_path), '--to', str(tmp_path / 'file')]) == 2
+  assert capsys.readouterr().err == f"error: --to '{tmp_path / 'file'}' is a file, not a directory\n"

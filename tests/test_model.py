@@ -284,9 +284,11 @@ def test_rope_family_shift_invariance():
 
 @pytest.mark.parametrize('name', ['rope', 'bipe_rope'])
 def test_rope_tables_read_from_host_equal_computed_ones(name):
-  """Streams the model computes itself (documents restarting, padding) take the RoPE table
-  lookup; the same streams given as `positions` take the computed sin / cos: same logits."""
-  cfg = _cfg(name, attention_impl='dense', restart_at_documents=True, pad_id=PAD)
+  """On the cpu kernels path, streams the model computes itself (documents restarting,
+  padding) take the RoPE table lookup; the same streams given as `positions` take the computed
+  sin / cos: same logits. The portable path computes them in the program."""
+  cfg = _cfg(name, attention_impl='dense', restart_at_documents=True, pad_id=PAD,
+             kernels='cpu')
   tokens = _tokens(8).at[:, 0].set(BOS).at[:, 9].set(BOS).at[1, 15:18].set(PAD)
   params = _variables(Transformer(cfg), tokens)['params']
   pos = Transformer(cfg).apply({'params': params}, tokens, method='compute_positions')
@@ -294,9 +296,12 @@ def test_rope_tables_read_from_host_equal_computed_ones(name):
   looked_up = _forward(cfg)(params, tokens)
   chex.assert_shape(looked_up, (B, T, V))
   np.testing.assert_allclose(looked_up, computed, atol=2e-5)
-  hlo = jax.jit(lambda p, t: Transformer(cfg).apply({'params': p}, t)).lower(
+  program = lambda c: jax.jit(lambda p, t: Transformer(c).apply({'params': p}, t)).lower(
       params, tokens).as_text()
+  hlo = program(cfg)
   assert 'sine' not in hlo and 'cosine' not in hlo  # no sin / cos left in the program
+  portable = program(dataclasses.replace(cfg, kernels='portable'))
+  assert 'sine' in portable and 'cosine' in portable
 
 
 def test_documents_restart_and_mask():

@@ -35,23 +35,21 @@ def test_info_to_the_file_warnings_to_both(tmp_path):
     assert line in text
 
 
-def test_start_quiet_cli_refuses_stray_arguments_and_quiets_library_info(monkeypatch):
-  from absl import app
+def test_quiet_library_logs_keeps_info_off_unless_verbosity_given(monkeypatch):
   from absl import flags
   from absl import logging as absl_logging
+  from bipe_jax import cli
   if not flags.FLAGS.is_parsed():
     flags.FLAGS(['prog'])
-  with pytest.raises(app.UsageError, match='unexpected arguments'):
-    run_logging.start_quiet_cli(['prog', 'stray'])
   before = absl_logging.get_verbosity()
   try:
     monkeypatch.setattr(flags.FLAGS['verbosity'], 'present', 0)
     absl_logging.set_verbosity(absl_logging.INFO)
-    run_logging.start_quiet_cli(['prog'])
+    cli.quiet_library_logs()
     assert absl_logging.get_verbosity() == absl_logging.WARNING
     monkeypatch.setattr(flags.FLAGS['verbosity'], 'present', 1)  # --verbosity given: kept
     absl_logging.set_verbosity(absl_logging.INFO)
-    run_logging.start_quiet_cli(['prog'])
+    cli.quiet_library_logs()
     assert absl_logging.get_verbosity() == absl_logging.INFO
   finally:
     absl_logging.set_verbosity(before)

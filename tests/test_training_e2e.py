@@ -4,7 +4,8 @@ One module-scoped single-device baseline run (N steps, constant learning rate so
 other `train.steps` share the same per-step updates) is the reference for:
 - 8 fake CPU devices, mesh data=2 fsdp=2 tensor=2;
 - two processes on 127.0.0.1 (jax.distributed, gloo), each with 2 fake devices;
-- a run stopped by SIGTERM and one killed by SIGKILL after a checkpoint, each restarted;
+- a run stopped by Ctrl-C (SIGINT), then by SIGTERM, and one killed by SIGKILL after a
+  checkpoint, each restarted (metrics.jsonl then holds each step once);
 - checkpoints restored across meshes (1 -> 8 devices, then 8 -> 1).
 The data is a small generated text folder (dataset=text_folder) with a 320-piece tokenizer,
 prepared once by the baseline run; `train.data_shards=2` makes the global batches identical
@@ -193,9 +194,9 @@ def test_two_processes_reproduce_single_process_losses(dirs, baseline):
                                                            'process_1-of-2.json']
 
 
-def _start_and_signal(dirs, workdir, ready, sig):
+def _start_and_signal(dirs, workdir, ready, sig, *extra):
   """Starts the CLI, waits until `ready()` and sends `sig`; returns (returncode, output)."""
-  proc = subprocess.Popen(cli_args(dirs, workdir), cwd=ROOT, env=cli_env(dirs),
+  proc = subprocess.Popen(cli_args(dirs, workdir, *extra), cwd=ROOT, env=cli_env(dirs),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   deadline = time.time() + 300
   try:
@@ -218,16 +219,32 @@ def _logged_step(workdir):
     return 0
 
 
-def test_sigterm_saves_and_the_same_command_resumes(dirs, baseline):
+def logged_steps(workdir) -> list:
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line)['step'] for line in f if 'loss' in json.loads(line)]
+
+
+def test_ctrl_c_then_sigterm_save_and_the_same_command_resumes(dirs, baseline):
+  """Ctrl-C (SIGINT): checkpoint, one line, exit 130; SIGTERM: checkpoint, exit 0; each time
+  the same command resumes, and metrics.jsonl ends with every step once."""
   _, want = baseline
-  workdir = str(dirs / 'sigterm')
-  rc, out = _start_and_signal(dirs, workdir, lambda: _logged_step(workdir) >= 3, signal.SIGTERM)
+  workdir = str(dirs / 'signals')
+  rc, out = _start_and_signal(dirs, workdir, lambda: _logged_step(workdir) >= 3, signal.SIGINT)
+  assert rc == 130, out[-3000:]
+  assert 'Traceback' not in out and 'KeyboardInterrupt' not in out, out[-3000:]
+  assert 'preempted (SIGINT) at step' in out.strip().splitlines()[-1], out[-3000:]
+  first = checkpoint_steps(workdir)[-1]
+  assert 3 <= first < N and first == _logged_step(workdir)
+  rc, out = _start_and_signal(dirs, workdir, lambda: _logged_step(workdir) >= first + 3,
+                              signal.SIGTERM)
   assert rc == 0, out[-3000:]
+  assert f'resumed from checkpoint step {first}' in out
   assert 'preempted (SIGTERM) at step' in out, out[-3000:]
-  stopped = checkpoint_steps(workdir)[-1]
-  assert 3 <= stopped < N and stopped == _logged_step(workdir)
+  second = checkpoint_steps(workdir)[-1]
+  assert first + 3 <= second < N and second == _logged_step(workdir)
   proc = run_cli(dirs, workdir)
-  assert f'resumed from checkpoint step {stopped}' in proc.stdout
+  assert f'resumed from checkpoint step {second}' in proc.stdout
+  assert logged_steps(workdir) == list(range(1, N + 1))
   assert_losses_match(read_losses(workdir), want, range(1, N + 1))
 
 
@@ -242,6 +259,7 @@ def test_sigkill_after_checkpoint_resumes_from_it(dirs, baseline):
   proc = run_cli(dirs, workdir)
   resumed = int(proc.stdout.split('resumed from checkpoint step ')[1].split()[0])
   assert EVERY <= resumed <= killed_at
+  assert logged_steps(workdir) == list(range(1, N + 1))  # the steps re-run are logged once
   assert_losses_match(read_losses(workdir), want, range(1, N + 1))
 
 

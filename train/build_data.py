@@ -4,8 +4,9 @@
   python train/build_data.py --dataset=text_folder --text_dir=/path/to/texts
   python train/build_data.py --dataset=pg19 --data_dir=/data/tfds   # tokenizer for a prepared pg19
 
-Idempotent: what exists is reused (--force rebuilds). Prints the build report, the tokenizer,
-the corpus size in tokens and the wall time.
+Idempotent: what exists is reused (--force rebuilds). Prints the dataset, the tokenizer, the
+corpus size in tokens and the wall time in a few lines (--json: the whole record with the build
+report).
 """
 
 import json
@@ -13,13 +14,14 @@ import os
 import sys
 import time
 
-from absl import app
+from bipe_jax import cli
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bipe_jax import data as data_lib  # pylint: disable=wrong-import-position
+from bipe_jax.data import build_summary  # pylint: disable=wrong-import-position
 from bipe_jax.data import tfds_builders  # pylint: disable=wrong-import-position
 
 _D = base.data_defaults()
@@ -37,6 +39,7 @@ TOKENIZER_PATH = flags.DEFINE_string('tokenizer_path', '',
                                      'Use this existing tokenizer instead of training one.')
 FORCE = flags.DEFINE_bool('force', False, 'Rebuild the dataset and retrain the tokenizer.')
 COUNT_TOKENS = flags.DEFINE_bool('count_tokens', True, 'Tokenise both splits and print sizes.')
+JSON = flags.DEFINE_bool('json', False, 'Print the whole record (build report included) as JSON.')
 
 
 def data_config_from_flags():
@@ -74,8 +77,8 @@ def main(argv):
     summary['vocab_size'] = tok.vocab_size
     summary['separators_auto'] = len(tok.separator_ids('auto'))
   summary['wall_seconds'] = round(time.perf_counter() - start, 2)
-  print(json.dumps(summary, indent=2))
+  print(json.dumps(summary, indent=2) if JSON.value else build_summary.format_summary(summary))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

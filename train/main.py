@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)  # so config files can `from configs import base`
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -26,28 +26,27 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', -1, 'This process index.')
 _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', 1, 'On a CPU host: split it into this many single-threaded JAX devices and '
     'train data-parallel across them (2 on a 2-core machine is ~1.3x faster than 1; the global '
-    'batch must divide by it). Inert on GPU/TPU. Default 1: JAX\'s single CPU device.')
+    'batch must divide by it; with model.kernels cpu or auto). Inert on GPU/TPU. Default 1: '
+    'JAX\'s single CPU device.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
   del argv
-  from bipe_jax.training import cpu_devices  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
-  host_malloc.keep_freed_memory()  # before JAX starts its threads
-  try:
-    cpu_devices.use_cpu_devices(_CPU_DEVICES.value)
-  except cpu_devices.CpuDevicesError as e:
+  from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
+  try:  # a CPU run's set-up (model.kernels: cpu devices, freed memory kept), before JAX starts
+    process_setup.setup_process(_CONFIG.value.model.get('kernels', 'auto'), _CPU_DEVICES.value)
+  except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax, TFDS) to a file
     from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
     name = 'library.log' if _PROCESS_ID.value <= 0 else f'library.{_PROCESS_ID.value}.log'
     run_logging.send_library_logs_to(os.path.join(_WORKDIR.value, name))
-  from bipe_jax.training import cli  # pylint: disable=g-import-not-at-top
-  sys.exit(cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
+  from bipe_jax.training import cli as train_cli  # pylint: disable=g-import-not-at-top
+  sys.exit(train_cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
                    num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from absl import app
+from bipe_jax import cli
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,4 +61,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -31,6 +31,18 @@ def tokenizer_path(data_config) -> str:
   return default_tokenizer_path(data_config)
 
 
+def separator_rule(model, data_config) -> str:
+  """The rule a run's separator ids come from: model.separators, with 'auto' resolved for the
+  run's dataset (`default_separator_rule`; left 'auto' when the dataset cannot be inspected)."""
+  rule = model.get('separators', 'ids')
+  if rule == 'auto' and data_config is not None:
+    try:
+      rule = default_separator_rule(data_config)
+    except (OSError, ValueError, AttributeError):
+      pass
+  return rule
+
+
 def default_separator_rule(data_config) -> str:
   """The separator rule that fits the dataset's kind (what `model.separators='auto'` means).
 

@@ -119,36 +119,6 @@ def rope_cos_sin(positions_BxT: jax.Array, inv_freq,
   return cos, sin
 
 
-# Longest position range read from host-computed tables (`rope_cos_sin_lookup`): two float32
-# tables of [4096, Dh] are at most 4 MB of constants in the compiled program.
-MAX_TABLE_POSITIONS = 4096
-
-
-def rope_cos_sin_lookup(positions_BxT: jax.Array, inv_freq, num_positions: int,
-                        attention_scale: float = 1.) -> tuple[jax.Array, jax.Array]:
-  """`rope_cos_sin` for positions known to lie in [0, num_positions): read from tables.
-
-  The [num_positions, Dh] cos / sin tables are computed once on the host (NumPy, at trace time,
-  of the same float32 angles pos * [f, f], in float64 then rounded) and gathered by position.
-  On XLA CPU this is what keeps the step from evaluating sin / cos over and over: the compiler
-  fuses the in-graph tables into every consumer (each layer's q and k rotation and their
-  backward, once per head), which cost 7 % of the tiny training step (benchmarks/README.md).
-  A position outside the range is clamped into it, so callers must guarantee the range (the
-  model does: the streams it computes from token ids lie in [0, T)). `inv_freq` must be a
-  concrete array (as `rope_inv_frequencies` returns), not a traced one.
-  """
-  if not 0 < num_positions <= MAX_TABLE_POSITIONS:
-    raise ValueError(f'rope_cos_sin_lookup: num_positions must be in [1, '
-                     f'{MAX_TABLE_POSITIONS}], got {num_positions}.')
-  inv_freq = np.asarray(inv_freq, dtype=np.float32)
-  angles = np.arange(num_positions, dtype=np.float32)[:, None] * inv_freq[None, :]
-  angles = np.concatenate([angles, angles], axis=-1).astype(np.float64)
-  cos = (np.cos(angles) * attention_scale).astype(np.float32)
-  sin = (np.sin(angles) * attention_scale).astype(np.float32)
-  take = lambda table: jnp.take(table, positions_BxT, axis=0, mode='clip')[:, None]
-  return take(cos), take(sin)
-
-
 def rotate(x_BxHxTxDh: jax.Array, cos_Bx1xTxDh: jax.Array, sin_Bx1xTxDh: jax.Array) -> jax.Array:
   """x * cos + rotate_half(x) * sin in float32, cast back to x.dtype (tables: rope_cos_sin)."""
   x = x_BxHxTxDh.astype(jnp.float32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
+from bipe_jax.evaluation import dataset_fit
 from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.evaluation import runs as runs_lib
 from bipe_jax.evaluation import sweep
@@ -69,7 +70,7 @@ def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', pr
     if tokens_per_batch < 1:
       raise ValueError(f'--tokens_per_batch={tokens_per_batch}: must be >= 1')
     for w in workdirs:  # fail fast on every workdir before any long work
-      runs_lib.read_config(w)
+      dataset_fit.check_dataset(w, runs_lib.read_config(w).data.dataset, dataset)
     entries, all_results = [], []
     for w in workdirs:
       start = time.perf_counter()
@@ -175,6 +176,8 @@ def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16,
     if bad or not depths or not lengths:
       raise ValueError(f'--depths must be in [0, 1] and --lengths non-empty; got depths '
                        f'{list(depths)}, lengths {list(lengths)}')
+    for w in workdirs:  # fail fast on every workdir before any long work
+      dataset_fit.check_passkey_probe(w, runs_lib.read_config(w).data.dataset)
     results, entries, labels = {}, [], []
     for w in workdirs:
       start = time.perf_counter()

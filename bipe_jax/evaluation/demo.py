@@ -33,7 +33,7 @@ import time
 from typing import Sequence
 
 from bipe_jax import run_logging
-from bipe_jax.training import cpu_devices
+from bipe_jax.kernels import cpu_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_SCRIPT = os.path.join(ROOT, 'train', 'main.py')
@@ -192,7 +192,7 @@ def train_environment(plan: DemoPlan, base: dict | None = None) -> dict:
   """The environment of a training subprocess: single-threaded XLA when runs go side by side.
 
   A user's own thread settings (NPROC, thread flags in XLA_FLAGS) are kept; other XLA_FLAGS
-  are kept and the single-thread settings added (bipe_jax.training.cpu_devices).
+  are kept and the single-thread settings added (bipe_jax.kernels.cpu_devices).
   """
   env = dict(os.environ if base is None else base, PYTHONUNBUFFERED='1')
   if plan.parallel > 1:

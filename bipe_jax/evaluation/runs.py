@@ -20,6 +20,7 @@ import jax
 import ml_collections
 
 from bipe_jax import config as model_config_lib
+from bipe_jax import kernels
 from bipe_jax import run_tokenizer
 from bipe_jax import model as model_lib
 from bipe_jax.training import checkpointing
@@ -128,8 +129,9 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
     model_config = _model_config(config, overrides)
   except ValueError as e:
     raise RunError(f'{os.path.join(workdir, "config.json")}: {e}') from None
-  model = model_lib.Transformer(model_config)
   mesh = mesh or _eval_mesh(config)
+  model_config = kernels.config_for_mesh(model_config, mesh)  # 'auto': the mesh's platform
+  model = model_lib.Transformer(model_config)
   tx = optimizer_lib.make_optimizer(config.train)
   # The parameter tree does not depend on the attention path, so the evaluation model gives
   # the train state's shapes (and a run trained with attention_impl='cudnn' loads on CPU).

@@ -17,9 +17,10 @@ HF -> bipe_jax writes a workdir like the ones train/main.py writes, so `eval/per
   WORKDIR/tokenizer.model      copied when the folder has one (data.tokenizer_path points to it)
 The parameters are float32 (the released checkpoints are float16; conversion is exact).
 
-bipe_jax -> HF writes config.json + model.safetensors: a standard `LlamaForCausalLM` for `rope`
-models; bipe_rope / alibi / bipe_alibi in the official BiPE format (rpe_type, train_scale,
-model.embeds.0.weight) for the official PyTorch code.
+bipe_jax -> HF writes config.json + model.safetensors (+ the run's tokenizer.model): a standard
+`LlamaForCausalLM` for `rope` models; bipe_rope / alibi / bipe_alibi in the official BiPE format
+(rpe_type, train_scale, model.embeds.0.weight) for the official PyTorch code, with the run's
+separator ids and rule (`bipe_separator_ids`, `bipe_separator_rule`), which the way back reads.
 """
 
 from __future__ import annotations
@@ -134,9 +135,8 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
   _check_params(params, abstract.params)
   params = jax.device_put(jax.tree.map(np.asarray, params), shardings.params)
 
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-    f.write(config.to_json_best_effort(indent=2))
+  from bipe_jax.training import run_record  # pylint: disable=g-import-not-at-top
+  run_record.write_config(workdir, config)  # paths absolute
   config_py = os.path.join(workdir, 'config.py')
   with open(config_py, 'w', encoding='utf-8') as f:
     f.write(CONFIG_PY.replace('{path}', config_py).replace('{workdir}', workdir))
@@ -192,9 +192,14 @@ def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None) -> s
   from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, step=step, attention_impl='dense')
   fields = dataclasses.asdict(run.model_config)
+  from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
+  fields['separators'] = preparation.separator_rule(run.config.model, run.config.data)
   hf = hf_llama.hf_config_from_model_fields(fields)
   params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), run.params)
   hf_files.write_hf_folder(hf_dir, hf, hf_llama.hf_weights_from_params(params, fields))
+  tokenizer = run.config.data.get('tokenizer_path', '')  # the run's own copy (load_run)
+  if tokenizer and os.path.isfile(tokenizer):
+    shutil.copyfile(tokenizer, os.path.join(hf_dir, 'tokenizer.model'))
   return hf_dir
 
 
@@ -224,8 +229,16 @@ def _parse_ids(text: str):
         f'--separator_ids must be comma-separated integers, got {text!r}') from None
 
 
+class _OneLineParser(argparse.ArgumentParser):
+  """argparse whose usage errors are one `error: ...` line (exit 2), like the absl CLIs'."""
+
+  def error(self, message):
+    print(f'error: {message} (python -m bipe_jax.convert --help)', file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
+  parser = _OneLineParser(
       prog='python -m bipe_jax.convert',
       description='Convert between Hugging Face Llama-format folders (incl. the released BiPE '
                   'checkpoints) and bipe_jax workdirs; the direction is detected from --from.')
@@ -240,6 +253,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help='bipe->HF: checkpoint step to export (default: the latest)')
   args = parser.parse_args(argv)
   try:
+    if os.path.exists(args.dst) and not os.path.isdir(args.dst):
+      raise ValueError(f'--to {args.dst!r} is a file, not a directory')
     direction = detect_direction(args.src)
     if direction == 'hf_to_bipe':
       hf_to_workdir(args.src, args.dst, separator_ids=args.separator_ids,

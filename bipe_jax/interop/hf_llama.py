@@ -37,6 +37,12 @@ from flax.linen import meta
 import numpy as np
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)
+# config.json keys of an exported bipe_* model: the ids its segments are cut at and the rule
+# that chose them ('sentence', 'newline', 'official', 'ids'); read back on import. The official
+# PyTorch code ignores them and cuts at OFFICIAL_SEPARATOR_IDS: a model trained with other ids
+# runs as trained only here.
+SEPARATOR_IDS_KEY = 'bipe_separator_ids'
+SEPARATOR_RULE_KEY = 'bipe_separator_rule'
 HF_ENCODINGS = ('rope', 'alibi', 'bipe_rope', 'bipe_alibi')
 # Official slope factors of the released ALiBi checkpoints (bipe_alibi multiplies slopes by 96).
 OFFICIAL_SLOPE_FACTOR = {'alibi': 1.0, 'bipe_alibi': 96.0}
@@ -83,8 +89,9 @@ def model_fields_from_hf_config(hf: dict, *,
 
   Args:
     hf: the parsed config.json.
-    separator_ids: separators to use instead of the official {869, 13} (for folders whose
-      tokenizer is not Llama's).
+    separator_ids: separators to use instead of the folder's own (`bipe_separator_ids`, written
+      by bipe_jax's export) or else the official {869, 13} (for folders whose tokenizer is not
+      Llama's).
 
   Returns:
     {field: value} for `configs/base.py` model_defaults(); separator_ids is a tuple.
@@ -114,6 +121,8 @@ def model_fields_from_hf_config(hf: dict, *,
   max_len = int(hf.get('max_position_embeddings', 1024))
   train_scale = int(hf.get('train_scale', max_len))
   scaling, factor, original = _rope_scaling(hf)
+  if separator_ids is None and hf.get(SEPARATOR_IDS_KEY):  # exported by bipe_jax
+    separator_ids = tuple(hf[SEPARATOR_IDS_KEY])
   if separator_ids is None:
     separator_ids = tuple(i for i in OFFICIAL_SEPARATOR_IDS if i < vocab)
   separator_ids = tuple(int(i) for i in separator_ids)
@@ -157,7 +166,9 @@ def hf_config_from_model_fields(m) -> dict:
 
   A `rope` model becomes a standard `LlamaForCausalLM`; bipe_rope / alibi / bipe_alibi become the
   official BiPE format (rpe_type, train_scale), loadable by the official code only, and only when
-  our options equal the official ones (checked: separators, slope factor).
+  our options equal the official ones (checked: slope factor). A bipe_* model's separator ids
+  and rule go into `bipe_separator_ids` / `bipe_separator_rule` (the official code cuts at
+  {869, 13} whatever they are).
   """
   encoding = m['position_encoding']
   if encoding not in HF_ENCODINGS:
@@ -166,10 +177,9 @@ def hf_config_from_model_fields(m) -> dict:
   if m['restart_at_documents'] or m['mask_across_documents']:
     raise ValueError('model.restart_at_documents / model.mask_across_documents must be False to '
                      'export to the Llama format (its models see one unbroken stream)')
-  if encoding.startswith('bipe_') and set(m['separator_ids']) != set(OFFICIAL_SEPARATOR_IDS):
-    raise ValueError(f'model.separator_ids {tuple(m["separator_ids"])} differ from the official '
-                     f'{OFFICIAL_SEPARATOR_IDS} hard-coded in the BiPE PyTorch code; '
-                     f'allowed for {encoding}: {OFFICIAL_SEPARATOR_IDS}')
+  if encoding.startswith('bipe_') and not m['separator_ids']:
+    raise ValueError(f'model.separator_ids is empty: a {encoding} model needs the separator ids '
+                     f'its segments were cut at to be exported')
   if encoding in OFFICIAL_SLOPE_FACTOR:
     factor = m['alibi_slope_factor'] or OFFICIAL_SLOPE_FACTOR[encoding]
     if factor != OFFICIAL_SLOPE_FACTOR[encoding]:
@@ -212,6 +222,9 @@ def hf_config_from_model_fields(m) -> dict:
   }
   if encoding != 'rope':
     hf.update(rpe_type=encoding, train_scale=int(m['max_intra']), log_scale=False)
+  if encoding.startswith('bipe_'):
+    hf[SEPARATOR_IDS_KEY] = sorted(int(i) for i in m['separator_ids'])
+    hf[SEPARATOR_RULE_KEY] = str(m.get('separators', 'ids'))
   return hf
 
 

@@ -22,6 +22,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from bipe_jax import kernels as kernels_lib
+
 
 def chunk_length(rows_per_shard: int, seq_len: int, chunk_tokens: int) -> int:
   """Positions per chunk: the largest divisor Tc of `seq_len` with rows_per_shard * Tc <=
@@ -72,16 +74,19 @@ def _chunk_nll(logits_NxV, targets_N):
   return (top[:, 0] + jnp.log(total[:, 0])) - target_logit, e, total
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def lm_head_nll_sum(hidden_BxTxD: jax.Array, kernel_DxV: jax.Array, targets_BxT: jax.Array,
-                    weights_BxT: jax.Array, chunk_len: int, dtype=jnp.float32) -> jax.Array:
+                    weights_BxT: jax.Array, chunk_len: int, dtype=jnp.float32,
+                    kernels: str = 'auto') -> jax.Array:
   """sum over b, t of weights[b, t] * -log softmax(hidden[b, t] @ kernel)[targets[b, t]].
 
   float32 scalar. The matmul runs in `dtype` (the model's compute dtype), the softmax in
   float32; `chunk_len` positions (a divisor of T, see `chunk_length`) are done at a time.
   Differentiable in hidden, kernel and (floating-point) weights; targets are integer ids.
+  `kernels`: the path (bipe_jax.kernels) whose form the kernel's gradient h^T @ d_logits takes.
   """
-  return _forward(hidden_BxTxD, kernel_DxV, targets_BxT, weights_BxT, chunk_len, dtype)[0]
+  return _forward(hidden_BxTxD, kernel_DxV, targets_BxT, weights_BxT, chunk_len, dtype,
+                  kernels)[0]
 
 
 def _check(hidden_BxTxD, targets_BxT, weights_BxT, chunk_len):
@@ -96,8 +101,9 @@ def _check(hidden_BxTxD, targets_BxT, weights_BxT, chunk_len):
                      f'length {hidden_BxTxD.shape[1]}')
 
 
-def _forward(hidden, kernel, targets, weights, chunk_len, dtype):
+def _forward(hidden, kernel, targets, weights, chunk_len, dtype, kernels):
   """The loss alone (no gradients): what runs when nothing differentiates it."""
+  del kernels
 
   def body(total, chunk):
     h, tgt, w = chunk
@@ -109,39 +115,36 @@ def _forward(hidden, kernel, targets, weights, chunk_len, dtype):
   return total, None
 
 
-def _forward_with_gradients(hidden, kernel, targets, weights, chunk_len, dtype):
+def _forward_with_gradients(hidden, kernel, targets, weights, chunk_len, dtype, kernels):
   b, t = targets.shape
   vocab = kernel.shape[-1]
   kernel_c = kernel.astype(dtype)
+  path = kernels_lib.select(kernels)
 
   def body(carry, chunk):
     total, d_kernel = carry
-    h, h_t, tgt, w = chunk
+    h, extra, tgt, w = chunk
     h_c = h.astype(dtype)
     nll, e, row_sum = _chunk_nll(_chunk_logits(h_c, kernel_c, dtype), tgt)
     # d(sum w * nll) / dlogits = w * (softmax - one_hot), in one pass over the chunk
     d_logits = ((e / row_sum - (jnp.arange(vocab) == tgt[:, None])) * w[:, None]).astype(dtype)
     d_h = (d_logits @ kernel_c.T).astype(hidden.dtype)
-    d_kernel = d_kernel + (h_t.astype(dtype) @ d_logits).astype(jnp.float32)
+    d_kernel = d_kernel + path.lm_head_kernel_gradient(h_c, extra, d_logits)
     return (total + jnp.sum(nll * w), d_kernel), (d_h, nll)
 
   h_chunks, t_chunks, w_chunks = _checked_chunks(hidden, targets, weights, chunk_len)
-  # The kernel's gradient h^T @ d_logits reads the chunk's hidden states transposed. Passing
-  # them into the loop already transposed ([N, D, B * Tc], one copy of the hidden states)
-  # keeps XLA from folding the transpose into that matmul: on CPU the folded form (contracting
-  # both operands' leading axis) runs as a slower Eigen dot; this one is a plain row-major
-  # matmul (the whole tiny-preset training step 0.985x, benchmarks/README.md).
-  h_t_chunks = jnp.swapaxes(h_chunks, 1, 2)
+  # What else the kernel's gradient reads per chunk is the path's (on CPU: a transposed copy).
+  extra_chunks = path.lm_head_scan_inputs(h_chunks)
   init = (jnp.zeros((), jnp.float32), jnp.zeros(kernel.shape, jnp.float32))
   (total, d_kernel), (d_hidden, nll) = jax.lax.scan(
-      body, init, (h_chunks, h_t_chunks, t_chunks, w_chunks))
+      body, init, (h_chunks, extra_chunks, t_chunks, w_chunks))
   unflat = lambda x: _from_chunks(x.reshape(t // chunk_len, b, chunk_len, *x.shape[2:]))
   return total, (unflat(d_hidden), d_kernel.astype(kernel.dtype),
                  unflat(nll).astype(weights.dtype))
 
 
-def _backward(chunk_len, dtype, residuals, g):
-  del chunk_len, dtype
+def _backward(chunk_len, dtype, kernels, residuals, g):
+  del chunk_len, dtype, kernels
   d_hidden, d_kernel, nll = residuals
   return (d_hidden * g.astype(d_hidden.dtype), d_kernel * g.astype(d_kernel.dtype), None,
           nll * g.astype(nll.dtype))

@@ -1,11 +1,13 @@
 """What `train/main.py` runs: start the distributed runtime, train, turn errors into one line.
 
-Exit codes: 0 done (or preempted with a checkpoint saved), 1 non-finite loss, 2 bad config,
-unusable checkpoint, or a workdir another process is training in.
+Exit codes: 0 done (or preempted by SIGTERM with a checkpoint saved), 1 non-finite loss, 2 bad
+config, unusable checkpoint, or a workdir another process is training in, 130 stopped by Ctrl-C
+(SIGINT) with a checkpoint saved.
 """
 
 import sys
 
+from bipe_jax.cli import EXIT_INTERRUPTED
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import distributed
@@ -22,7 +24,7 @@ def run(config, workdir: str, *, coordinator_address: str = '', num_processes: i
     return 2
   from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
   try:
-    trainer.train(config, workdir)
+    result = trainer.train(config, workdir)
   except (config_validation.ConfigError, checkpointing.IncompatibleCheckpointError) as e:
     print(f'config error: {e}', file=sys.stderr, flush=True)
     return 2
@@ -35,4 +37,6 @@ def run(config, workdir: str, *, coordinator_address: str = '', num_processes: i
   except trainer.NonFiniteLossError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 1
+  if result.stop_signal == 'SIGINT':  # Ctrl-C: saved, but the run did not finish
+    return EXIT_INTERRUPTED
   return 0

@@ -9,6 +9,7 @@ Every error is a `ConfigError` (a ValueError) whose message names the field, its
 what is allowed.
 """
 
+import difflib
 import math
 
 from bipe_jax import config as model_config_lib
@@ -108,11 +109,29 @@ DERIVED_MODEL_FIELDS = (
 )
 
 
+def validate_derivation_inputs(config) -> None:
+  """Checks what `derive_fields` reads (the encoding's name, the source fields), so an error
+  names the field the user set, not one derived from it."""
+  from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
+  name = config.model.position_encoding
+  if name not in schemes.SCHEMES:
+    close = difflib.get_close_matches(str(name), schemes.SCHEME_NAMES, n=1)
+    hint = f'did you mean {close[0]!r}? ' if close else ''
+    raise ConfigError(f'model.position_encoding={name!r} is invalid: {hint}must be one of '
+                      f'{", ".join(schemes.SCHEME_NAMES)}')
+  for _, source, _ in DERIVED_MODEL_FIELDS:
+    section, field = source.split('.')
+    value = config[section][field]
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 2, source,
+             value, 'must be an integer >= 2')
+
+
 def derive_fields(config) -> None:
   """Fills model fields left at 0 from their source (`DERIVED_MODEL_FIELDS`), in place, so the
   run records the values it used; explicitly set values are kept."""
   from bipe_jax.training import init_from  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import position_stats  # pylint: disable=g-import-not-at-top
+  validate_derivation_inputs(config)
   for field, source, _ in DERIVED_MODEL_FIELDS:
     if field == 'rope_original_length' and position_stats.needs_inter_original_length(
         config.model):

@@ -15,6 +15,11 @@ from the new run's config. Model fields that do not change the parameter tree ma
 differ from the source; a parameter the source lacks, has in excess or has in another shape is
 an `InitFromError` naming it. A run that already has checkpoints resumes from them and ignores
 `train.init_from`.
+
+Before a fresh run writes anything, `check_source` checks the path (it holds a run, and the step
+named) and that the position streams stay those the source was trained with: the same
+`model.position_encoding` and, for bipe_*, the same separators rule. Changing either is a
+deliberate choice: `train.init_from_allow_encoding_change=True`.
 """
 
 from __future__ import annotations
@@ -86,6 +91,96 @@ def source_seq_len(spec: str) -> int | None:
     return None
   from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
   return int(runs.read_config(path).data.seq_len)
+
+
+ALLOW_FIELD = 'train.init_from_allow_encoding_change'
+
+
+def stream_mismatch(source_model, source_data, model, data) -> str | None:
+  """What differs between the position streams of a source and of a run fine-tuned from it
+  (the encoding; for bipe_* the separators that cut segments), or None when they match.
+
+  source_data: the source's data section (None for a Hugging Face folder, whose separators
+  are ids)."""
+  have, want = source_model['position_encoding'], model['position_encoding']
+  if have != want:
+    return (f'the source was trained with model.position_encoding={have!r}, this run uses '
+            f'{want!r}')
+  if not want.startswith('bipe'):
+    return None
+  from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
+  rule_have = preparation.separator_rule(source_model, source_data)
+  rule_want = preparation.separator_rule(model, data)
+  ids_have = tuple(int(i) for i in source_model.get('separator_ids', ()))
+  ids_want = tuple(int(i) for i in model.get('separator_ids', ()))
+  if 'ids' in (rule_have, rule_want) or rule_have == rule_want:
+    if rule_want == 'ids' and ids_have and set(ids_have) != set(ids_want):
+      return (f'the source cut segments at separator ids {ids_have}, this run at {ids_want} '
+              f'(model.separator_ids)')
+    return None
+  return (f'the source cut segments with model.separators={rule_have!r}, this run with '
+          f'{rule_want!r}')
+
+
+def _source_config(path: str, spec: str):
+  """(model fields, data section or None) of the source at `path`; InitFromError when it is
+  neither a bipe_jax run with a checkpoint nor a Hugging Face folder."""
+  import json  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+  if _is_workdir(path):
+    config = runs.read_config(path)
+    return config.model, config.data
+  hf_config = os.path.join(path, 'config.json')
+  try:
+    with open(hf_config, encoding='utf-8') as f:
+      hf = json.load(f)
+  except (OSError, ValueError):
+    hf = None
+  if not isinstance(hf, dict) or 'hidden_size' not in hf:
+    raise InitFromError(f'train.init_from={spec!r}: {path} holds no run: neither a bipe_jax '
+                        f'workdir (config.json and checkpoints/) nor a Hugging Face folder '
+                        f'(config.json with hidden_size)')
+  from bipe_jax.interop import hf_llama  # pylint: disable=g-import-not-at-top
+  try:
+    fields = hf_llama.model_fields_from_hf_config(hf)
+    fields['separators'] = hf.get(hf_llama.SEPARATOR_RULE_KEY, 'ids')  # exported by bipe_jax
+    return fields, None
+  except ValueError as e:
+    raise InitFromError(f'train.init_from={spec!r}: {e}') from None
+
+
+def check_source(config) -> None:
+  """Checks `train.init_from` before a run writes anything: the path exists and holds a run
+  (and the checkpoint step named with @STEP); its position streams match this run's (see
+  `stream_mismatch`) unless `train.init_from_allow_encoding_change` is set. InitFromError (one
+  line) otherwise. Call it only for a fresh run (a run with checkpoints ignores init_from)."""
+  spec = config.train.get('init_from', '')
+  if not spec:
+    return
+  path, step = parse_source(spec)
+  if not os.path.isdir(path):
+    what = 'is a file' if os.path.exists(path) else 'does not exist'
+    raise InitFromError(f'train.init_from={spec!r}: {path} {what} (give a training workdir, '
+                        f'WORKDIR@STEP, or a Hugging Face folder)')
+  source_model, source_data = _source_config(path, spec)
+  if step is not None:
+    if source_data is None:
+      raise InitFromError(f'train.init_from={spec!r}: a step (@{step}) needs a bipe_jax '
+                          f'workdir, and {path} is a Hugging Face folder')
+    from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+    from bipe_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
+    ckpt_dir = runs.checkpoint_dir(path, runs.read_config(path))
+    steps = sorted(checkpointing.step_dirs(ckpt_dir))
+    if step not in steps:
+      raise InitFromError(f'train.init_from={spec!r}: checkpoint step {step} is not in '
+                          f'{ckpt_dir}; available steps: {steps}')
+  if config.train.get(ALLOW_FIELD.split('.')[1], False):
+    return
+  mismatch = stream_mismatch(source_model, source_data, config.model, config.data)
+  if mismatch:
+    raise InitFromError(f'train.init_from={spec!r}: {mismatch}. Fine-tuning keeps the position '
+                        f'streams: set the same value, or --config.{ALLOW_FIELD}=true to change '
+                        f'them deliberately')
 
 
 def check_compatible(source_params, target_params) -> None:

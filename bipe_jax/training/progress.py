@@ -6,7 +6,8 @@ Process 0 only writes. Every `log_every` steps:
   jumps with its batch; the window mean is what shows whether the run learns). metrics.jsonl
   and TensorBoard hold both: `loss` (the window mean) and `step_loss` (the logged step's own);
 - TensorBoard scalars in `<workdir>/tensorboard` (tensorboardX),
-- one JSON line in `<workdir>/metrics.jsonl` (appended across restarts; tests read it).
+- one JSON line in `<workdir>/metrics.jsonl` (appended across restarts, less the lines of the
+  steps after the checkpoint a run resumes from: `forget_after`; tests read it).
 Every `train.eval_every` steps (`validation`): the validation loss and perplexity on a fixed
 slice, as a line `step 300/600 | validation loss 3.4012 | perplexity 30.00 (16,320 tokens)`,
 TensorBoard `validation/*` scalars and a metrics.jsonl line with `val_loss`, `val_perplexity`.
@@ -110,6 +111,23 @@ class ProgressLogger:
       self._jsonl.write(json.dumps(metrics) + '\n')
       self._jsonl.flush()
     return metrics
+
+  def forget_after(self, step: int) -> int:
+    """Drops the metrics.jsonl lines of steps after `step` (a run resumed from checkpoint `step`
+    trains them again: each step is then logged once); returns how many were dropped."""
+    if not self.enabled:
+      return 0
+    path = self._jsonl.name
+    self._jsonl.close()
+    with open(path, encoding='utf-8') as f:
+      lines = f.readlines()
+    kept = [l for l in lines if l.strip() and json.loads(l).get('step', 0) <= step]
+    if len(kept) != len(lines):
+      with open(path + '.tmp', 'w', encoding='utf-8') as f:
+        f.writelines(kept)
+      os.replace(path + '.tmp', path)
+    self._jsonl = open(path, 'a', encoding='utf-8')
+    return len(lines) - len(kept)
 
   def event(self, message: str):
     if self.enabled:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 CONFIG_FILE = 'config.json'
@@ -28,6 +29,7 @@ RESUMABLE_FIELDS = frozenset({
     'model.attention_impl',  # dense | blockwise | cudnn compute the same attention
     'model.block_size',  # blockwise attention's tiling
     'model.remat',  # recompute activations instead of storing them
+    'model.kernels',  # portable | cpu compute forms (bipe_jax.kernels): same numbers
     'data.num_threads',  # tokenisation threads
     'data.prefetch',  # batches prefetched
     'data.tokenizer_path',  # the workdir's copy moves with it; data.tokenizer_sha256 compares
@@ -66,14 +68,36 @@ def read_saved_config(workdir: str) -> dict | None:
   return read_json(os.path.join(workdir, CONFIG_FILE))
 
 
+# Fields that hold a local path: config.json records them absolute (a run read from another
+# directory finds its data), and the resume check compares them absolute.
+PATH_FIELDS = ('data.data_dir', 'data.text_dir', 'data.tokenizer_path', 'data.scrolls_jsonl',
+               'checkpoint.dir', 'train.init_from')
+
+
+def absolute_path(value: str) -> str:
+  """`value` made absolute against the current directory ('' and URLs such as gs://... kept;
+  a train.init_from 'DIR@STEP' keeps its @STEP)."""
+  if not isinstance(value, str) or not value or '://' in value:
+    return value
+  match = re.fullmatch(r'(.+)(@\d+)', value)
+  path, step = (match.group(1), match.group(2)) if match else (value, '')
+  return os.path.abspath(os.path.expanduser(path)) + step
+
+
+def _with_absolute_paths(section: str, fields: dict) -> dict:
+  return {k: absolute_path(v) if f'{section}.{k}' in PATH_FIELDS else v
+          for k, v in fields.items()}
+
+
 def differing_fields(saved: dict, config) -> list[str]:
   """['model.position_encoding: saved 'bipe_rope', now 'bipe_alibi'', ...] (resumable fields and
   fields the saved config does not record are skipped)."""
   out = []
   for section in COMPARED_SECTIONS:
-    old = saved.get(section) or {}
-    new = _plain(config[section].to_dict() if hasattr(config[section], 'to_dict')
-                 else dict(config[section]))
+    old = _with_absolute_paths(section, saved.get(section) or {})
+    new = _with_absolute_paths(section, _plain(config[section].to_dict()
+                                               if hasattr(config[section], 'to_dict')
+                                               else dict(config[section])))
     for field in sorted(set(old) | set(new)):
       name = f'{section}.{field}'
       if name in RESUMABLE_FIELDS or field not in old:
@@ -97,8 +121,13 @@ def check_resume(workdir: str, config) -> None:
 
 
 def write_config(workdir: str, config) -> str:
-  """Writes the resolved config as `<workdir>/config.json` (atomically); returns the path."""
+  """Writes the resolved config as `<workdir>/config.json` (atomically), its `PATH_FIELDS`
+  absolute; returns the path."""
   path = os.path.join(workdir, CONFIG_FILE)
-  text = (config.to_json_best_effort(indent=2) if hasattr(config, 'to_json_best_effort')
-          else json.dumps(dict(config), indent=2, default=str))
-  return write_text_atomic(path, text)
+  record = json.loads(config.to_json_best_effort() if hasattr(config, 'to_json_best_effort')
+                      else json.dumps(dict(config), default=str))
+  for name in PATH_FIELDS:
+    section, field = name.split('.')
+    if field in (record.get(section) or {}):
+      record[section][field] = absolute_path(record[section][field])
+  return write_text_atomic(path, json.dumps(record, indent=2))

@@ -98,7 +98,7 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
     tc = chunked_loss.chunk_length(max(1, b // batch_shards), t, loss_chunk_tokens)
     nll_sum = chunked_loss.lm_head_nll_sum(
         hidden, params['lm_head']['kernel'], targets, valid.astype(jnp.float32), tc,
-        model.config.compute_dtype)
+        model.config.compute_dtype, model.config.kernels)
     return nll_sum, jnp.sum(valid).astype(jnp.float32)
 
   grad_fn = jax.value_and_grad(loss_sum, has_aux=True)

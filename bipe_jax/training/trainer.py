@@ -8,8 +8,8 @@ except at checkpoints). Before a checkpoint the step's own scalars are checked, 
 checkpoint never holds a state reached through a NaN/Inf loss. A non-finite loss stops the
 run with `NonFiniteLossError` and the last good checkpoint stays the latest one.
 
-Preemption: SIGTERM (single process) or JAX's preemption sync point (multi-process) makes
-the loop save a checkpoint at the step it has reached and return cleanly.
+Preemption: SIGTERM or SIGINT (single process) or JAX's preemption sync point (multi-process)
+makes the loop save a checkpoint at the step it has reached and return cleanly.
 """
 
 import contextlib
@@ -26,6 +26,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bipe_jax import config as model_config_lib
+from bipe_jax import kernels
 from bipe_jax import run_tokenizer
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
@@ -54,18 +55,32 @@ class TrainResult:
   losses: dict  # {step: loss} of the steps this call ran
   preempted: bool
   checkpoint_steps: list
+  stop_signal: Optional[str] = None  # 'SIGTERM' / 'SIGINT' when preempted by a signal
 
 
 class _Preemption:
-  """SIGTERM -> a flag the loop polls (single process); JAX's sync point on multi-host."""
+  """SIGTERM or SIGINT (Ctrl-C) -> a flag the loop polls (single process); JAX's SIGTERM sync
+  point on multi-host (where a Ctrl-C stays a KeyboardInterrupt: the processes must agree on
+  the step to save at, which only JAX's preemption notifier arranges).
+
+  `signal_name` is the signal that stopped the run (None on multi-host: JAX's sync point does
+  not say)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self, checkpointer: checkpointing.Checkpointer):
     self._flag = threading.Event()
     self._checkpointer = checkpointer
-    self._previous = None
+    self._previous = {}
     self._multi = jax.process_count() > 1
+    self.signal_name = None
     if not self._multi and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._flag.set())
+      for signum in self.SIGNALS:
+        self._previous[signum] = signal.signal(signum, self._handle)
+
+  def _handle(self, signum, _):
+    self.signal_name = signal.Signals(signum).name
+    self._flag.set()
 
   def reached(self, step: int) -> bool:
     if self._multi:
@@ -73,8 +88,8 @@ class _Preemption:
     return self._flag.is_set()
 
   def close(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 def _barrier(name: str):
@@ -161,6 +176,11 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   config = config.copy_and_resolve_references()
   config_validation.derive_fields(config)
   config_validation.validate_config(config, jax.device_count())
+  if not checkpointing.step_dirs(config.checkpoint.dir or os.path.join(workdir, 'checkpoints')):
+    try:  # before anything is written (a resumed run ignores train.init_from)
+      init_from_lib.check_source(config)
+    except init_from_lib.InitFromError as e:
+      raise config_validation.ConfigError(str(e)) from None
   with workdir_lock.hold(workdir, enabled=jax.process_index() == 0):
     return _train(config, workdir, model=model, make_iterator=make_iterator)
 
@@ -183,6 +203,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
     model_config = model_config or model_config_lib.model_config_from_dict(config.model)
     model = model_lib.Transformer(model_config)
+  model = kernels.model_for_mesh(model, mesh)  # model.kernels='auto': the mesh's platform
   pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0
@@ -250,6 +271,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
         except init_from_lib.InitFromError as e:
           raise config_validation.ConfigError(str(e)) from None
         logger.event(f'parameters from {source}; optimizer state fresh, step 0')
+    logger.forget_after(start_step)  # steps past the checkpoint are trained (logged) again
     logging.info('train state ready')
     if is_main:  # only now: a failed restore never replaces the record of what was trained
       run_record.write_config(workdir, config)
@@ -305,8 +327,9 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
             saved.append(step)
           last_good = step
         if preempted:
-          logger.event(f'preempted (SIGTERM) at step {step}: checkpoint saved in {ckpt_dir}; '
-                       f'exiting. Run the same command to resume.')
+          logger.event(f'preempted ({preemption.signal_name or "SIGTERM"}) at step {step}: '
+                       f'checkpoint saved in {ckpt_dir}; exiting. Run the same command to '
+                       f'resume.')
           break
       if pending is not None:
         fetch(pending)
@@ -324,4 +347,5 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     if logger is not None:
       logger.close()
   return TrainResult(step=step, start_step=start_step, losses=losses, preempted=preempted,
-                     checkpoint_steps=saved)
+                     checkpoint_steps=saved,
+                     stop_signal=(preemption.signal_name or 'SIGTERM') if preempted else None)

@@ -1,5 +1,5 @@
-"""bipe_jax.matmul: matmul_einsum equals jnp.einsum for every projection equation of the model;
-matmul_2d's weight-gradient primitive keeps every autodiff mode and vmap working, and keeps
+"""bipe_jax.kernels.cpu_matmul (the cpu path's projections): matmul_einsum equals jnp.einsum
+for every projection equation of the model; matmul_2d's weight-gradient primitive keeps every autodiff mode and vmap working, and keeps
 data-parallel weight gradients in the kernel's layout."""
 
 import os
@@ -11,8 +11,8 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from bipe_jax.matmul import matmul_2d
-from bipe_jax.matmul import matmul_einsum
+from bipe_jax.kernels.cpu_matmul import matmul_2d
+from bipe_jax.kernels.cpu_matmul import matmul_einsum
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,13 +86,13 @@ def test_vmap_of_gradients_and_of_forward_mode():
 
 def test_data_parallel_weight_gradients_are_summed_in_the_kernel_layout():
   """Two data-parallel CPU devices: the all-reduce sums the weight gradient as [K, M] (the
-  kernel's layout, bipe_jax.matmul's primitive); JAX's own rule sums dot(dy, x) [M, K] and
+  kernel's layout, cpu_matmul's primitive); JAX's own rule sums dot(dy, x) [M, K] and
   transposes after it, which the same check sees."""
   code = (
       'import jax, jax.numpy as jnp, numpy as np\n'
       'jax.config.update("jax_num_cpu_devices", 2)\n'
       'from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n'
-      'from bipe_jax.matmul import matmul_2d\n'
+      'from bipe_jax.kernels.cpu_matmul import matmul_2d\n'
       'mesh = Mesh(np.array(jax.devices()), ("data",))\n'
       'x = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (64, 12)),\n'
       '                   NamedSharding(mesh, P("data")))  # rows split over the devices\n'

@@ -1,4 +1,4 @@
-"""The model's projections as 2-D matmuls whose weight gradient keeps the kernel's layout.
+"""The cpu path's projections: 2-D matmuls whose weight gradient keeps the kernel's layout.
 
 `matmul_2d(x [N, K], w [K, M])` is x @ w. Differentiated by JAX's own rules, the weight
 gradient comes out as dot(dy, x) [M, K] followed by a transpose. On one device XLA folds that
@@ -11,7 +11,9 @@ instead of 40 and the whole step 1.13x as long (benchmarks/README.md).
 Here the weight term of the derivative is the primitive `weight_term_p` (x @ dw, bilinear),
 whose transpose computes the weight gradient as x^T @ dy: a [K, M] matmul in the kernel's
 own layout, summed across devices as it is. The rule is part of a custom JVP, so forward-mode
-autodiff (jvp, Hessian-vector products) and vmap keep working.
+autodiff (jvp, Hessian-vector products) and vmap keep working. It uses internal JAX APIs and
+has no varying-axes rule, so `jax.grad` through it inside `jax.shard_map` (check_vma=True)
+fails: the portable path (kernels/portable.py) projects with a plain einsum instead.
 
 `matmul_einsum` runs the model's projection einsums ('btd,dhk->bhtk', ...) as one
 `matmul_2d`.

@@ -1,0 +1,156 @@
+"""What every absl command line of the project runs instead of `absl.app.run(main)`.
+
+    if __name__ == '__main__':
+      cli.run(main)
+
+A user's mistake becomes ONE line on stderr (`error: ...`) and exit status 2, never a
+traceback:
+- an unknown flag or config field (`--config.train.step=5` -> "did you mean train.steps"),
+  a value of the wrong type, a stray positional argument;
+- a config file that does not load (`--config=configs/tinyy.py` -> the config files there, the
+  closest first), or whose `get_config(param)` refuses its parameter;
+- a directory flag (--workdir, --output_dir, --root, --data_dir, --text_dir) naming a file;
+- Ctrl-C before the program installed its own handler: `interrupted`, exit 130.
+Library INFO logs (absl, Orbax, TFDS) stay off the terminal unless --verbosity is given (the
+training CLI then sends them to its run's library.log, bipe_jax.run_logging). Errors that are
+not the user's (bugs) keep their traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from typing import Callable, NoReturn, Sequence
+
+DIRECTORY_FLAGS = ('workdir', 'output_dir', 'root', 'data_dir', 'text_dir')
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+def one_line(text: str) -> str:
+  return ' '.join(str(text).split())
+
+
+def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
+  """Prints `error: message` (one line) on stderr and exits with `code`."""
+  print(f'error: {one_line(message)}', file=sys.stderr, flush=True)
+  raise SystemExit(code)
+
+
+def _config_flag_names(flag_values) -> list:
+  from ml_collections.config_flags import config_flags  # pylint: disable=g-import-not-at-top
+  return [name for name in flag_values
+          if config_flags.is_config_flag(flag_values[name])]
+
+
+def _overrides(argv: Sequence[str], name: str) -> list:
+  """[(dotted field path, the argument)] of the `--name.path[=value]` arguments."""
+  found = []
+  for arg in argv:
+    match = re.match(rf'^--?(?:no)?{re.escape(name)}\.([^=]+)', arg)
+    if match:
+      found.append((match.group(1), arg))
+  return found
+
+
+def unknown_field_message(error: BaseException, argv: Sequence[str], names: Sequence[str]):
+  """One line for ml_collections' unknown-field error, or None when `error` is not one.
+
+  ml_collections raises AttributeError / KeyError("'step'\\nDid you mean \"steps\" ...") while
+  parsing `--config.train.step=5`; the line names the whole field and its likely spelling."""
+  text = str(error.args[0]) if error.args else ''
+  match = re.match(r"""^["']*'?([^'"\n]+)'?["']*""", text.replace("\\'", "'"))
+  if not match:
+    return None
+  key = match.group(1).strip("'\"")
+  suggestion = re.search(r'Did you mean "([^"]+)"', text)
+  for name in names:
+    for path, arg in _overrides(argv, name):
+      parts = path.split('.')
+      if key in parts:
+        i = parts.index(key)
+        field = '.'.join(parts[:i + 1])
+        line = f'{arg}: the config has no field {field}'
+        if suggestion:
+          line += f'; did you mean --{name}.{".".join(parts[:i] + [suggestion.group(1)])}?'
+        return line
+  return None
+
+
+def _config_file_message(name: str, argv: Sequence[str], error: BaseException) -> str:
+  """One line for a config flag whose file did not load."""
+  specs = [a.split('=', 1)[1] for a in argv if re.match(rf'^--?{re.escape(name)}=', a)]
+  spec = specs[-1] if specs else ''  # absl keeps the last value given
+  path = spec.split(':', 1)[0]
+  if path and not os.path.isfile(path):
+    folder = os.path.dirname(path) or '.'
+    line = f'--{name}={spec}: no such config file'
+    if os.path.isdir(folder):
+      files = sorted(f for f in os.listdir(folder) if f.endswith('.py') and f != '__init__.py')
+      close = difflib.get_close_matches(os.path.basename(path), files, n=1)
+      if close:
+        line += f'; did you mean {os.path.join(os.path.dirname(path), close[0])}?'
+      elif files:
+        line += f' (config files in {folder}: {", ".join(files)})'
+    return line
+  lines = [l for l in str(error).splitlines() if l.strip()]
+  return f'--{name}={spec}: {lines[-1].strip() if lines else type(error).__name__}'
+
+
+def parse_flags(argv: Sequence[str], flag_values=None) -> list:
+  """absl's flag parsing with every user error turned into one line (the `flags_parser` of
+  absl.app.run); `flag_values` default absl's global FLAGS."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  names = _config_flag_names(flag_values)
+  try:
+    rest = flag_values(argv)
+  except flags.Error as e:
+    fail(str(e))
+  except (AttributeError, KeyError) as e:
+    line = unknown_field_message(e, argv, names)
+    if line is None:
+      raise
+    fail(line)
+  for name in names:  # ml_collections defers a config file's load error to its first use
+    if flag_values[name].present:
+      try:
+        flag_values[name].value.get('model')
+      except (OSError, ValueError, TypeError) as e:
+        fail(_config_file_message(name, argv, e))
+  for name in DIRECTORY_FLAGS:
+    if name in flag_values and flag_values[name].value:
+      value = flag_values[name].value
+      for path in value if isinstance(value, list) else [value]:
+        if os.path.exists(path) and not os.path.isdir(path):
+          fail(f'--{name}={path} is a file, not a directory')
+  if len(rest) > 1:
+    fail(f'unexpected arguments {rest[1:]} (flags are written --name=value)')
+  return rest
+
+
+def quiet_library_logs() -> None:
+  """Unless --verbosity was given, absl/Orbax/TFDS INFO lines (and TFDS's warning for every
+  BuilderConfig made at run time, run_logging.QUIET_WARNINGS) stay off the terminal."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS['verbosity'].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    run_logging.filter_known_noise()
+
+
+def run(main: Callable[[list], int | None]) -> None:
+  """absl.app.run(main) with one-line user errors, quiet library logs and a one-line Ctrl-C."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  def guarded(argv):
+    quiet_library_logs()
+    try:
+      return main(argv)
+    except KeyboardInterrupt:
+      fail('interrupted', EXIT_INTERRUPTED)
+
+  app.run(guarded, flags_parser=parse_flags)
