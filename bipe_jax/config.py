@@ -33,7 +33,7 @@ class ModelConfig:
   max_intra: int = 1024
   max_position: int = 1024
   intra_zero_last_row: bool = False  # official quirk: last intra row is zero (padding_idx=-1)
-  train_length: int = 1024  # training sequence length: FIRE's L0, RoPE log-scale reference
+  train_length: int = 1024  # training length: RoPE log-scale reference; FIRE init_L = it // 4
   rope_base: float = 10000.0
   rope_scaling: str = 'none'
   rope_scaling_factor: float = 1.0

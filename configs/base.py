@@ -21,7 +21,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.max_intra = 1024  # learned intra-segment table size (official: training length 1024)
   m.max_position = 1024  # learned absolute table size ('learned' encoding)
   m.intra_zero_last_row = False  # official quirk: last intra row is zero (padding_idx=-1)
-  m.train_length = 0  # FIRE's L0, RoPE log-scale reference; 0 = data.seq_len (derived at start)
+  m.train_length = 0  # log-scale reference, FIRE init_L = it // 4; 0 = data.seq_len (derived)
   m.rope_base = 10000.0
   m.rope_scaling = 'none'  # none | linear | ntk | yarn
   m.rope_scaling_factor = 1.0
