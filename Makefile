@@ -4,20 +4,31 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CORE_STAMP := $(VENV)/.core-installed
 TEST_STAMP := $(VENV)/.test-installed
+TPU_STAMP := $(VENV)/.tpu-installed
 
 .PHONY: test test-fast demo demo-all demo-dape setup clean
 
-# What the library, training and the demo need (requirements.txt only).
+# The requirements files pin every version; pyproject.toml names what each part needs (core,
+# [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
+# package with its extras under the same pins (-c): pip only checks that they are satisfied.
+# What the library, training and the demo need (requirements.txt).
 $(CORE_STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip==25.3
 	$(PY) -m pip install -qq -r requirements.txt
-	$(PY) -m pip install -qq --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -qq --no-build-isolation -c requirements.txt -e '.[training,evaluation]'
 	touch $(CORE_STAMP)
 
+# The TPU compiler (requirements-tpu.txt): train/compile.py and its tests compile for TPU
+# topologies on this host. CPU runs do not need it (and start without probing for a TPU).
+$(TPU_STAMP): $(CORE_STAMP) requirements-tpu.txt
+	$(PY) -m pip install -qq -r requirements-tpu.txt
+	touch $(TPU_STAMP)
+
 # The tests also compare against PyTorch / Hugging Face models (requirements-interop.txt).
-$(TEST_STAMP): $(CORE_STAMP) requirements-interop.txt
+$(TEST_STAMP): $(CORE_STAMP) $(TPU_STAMP) requirements-interop.txt
 	$(PY) -m pip install -qq -r requirements-interop.txt
+	$(PY) -m pip install -qq --no-build-isolation -c requirements.txt -c requirements-interop.txt -e '.[tests]'
 	touch $(TEST_STAMP)
 
 setup: $(TEST_STAMP)

@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/attention_layouts.py [--batch 32 --seq 128 --heads 4 --head_dim 32]
 
-Re-measures the attention table of PERFORMANCE.md (einsum in [b,q,h,d] vs [b,h,q,d]
+Measures the attention layouts (benchmarks/results/attention_layouts.md: einsum in [b,q,h,d] vs [b,h,q,d]
 layout, jax.nn.dot_product_attention, batched matmul, PyTorch SDPA when torch is
 installed) and adds the library's own `bipe_jax.attention` dense and blockwise paths
 once they exist. Forward = outputs ready; forward+backward = gradients w.r.t. q, k, v of

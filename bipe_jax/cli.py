@@ -11,6 +11,7 @@ traceback:
   closest first), or whose `get_config(param)` refuses its parameter;
 - a directory flag (--workdir, --output_dir, --root, --data_dir, --text_dir) naming a file;
 - Ctrl-C before the program installed its own handler: `interrupted`, exit 130.
+A CPU-only host runs on JAX's CPU platform without probing for a TPU (bipe_jax.platforms).
 Library INFO logs (absl, Orbax, TFDS) stay off the terminal unless --verbosity is given (the
 training CLI then sends them to its run's library.log, bipe_jax.run_logging). Errors that are
 not the user's (bugs) keep their traceback.
@@ -143,8 +144,14 @@ def quiet_library_logs() -> None:
 
 
 def run(main: Callable[[list], int | None]) -> None:
-  """absl.app.run(main) with one-line user errors, quiet library logs and a one-line Ctrl-C."""
+  """absl.app.run(main) with one-line user errors, quiet library logs and a one-line Ctrl-C.
+
+  On a host without a TPU or GPU it first makes JAX use its CPU platform (unless JAX_PLATFORMS
+  is set): with libtpu installed JAX would otherwise probe for a TPU and print its errors.
+  """
   from absl import app  # pylint: disable=g-import-not-at-top
+  from bipe_jax import platforms  # pylint: disable=g-import-not-at-top
+  platforms.use_cpu_without_accelerator()
 
   def guarded(argv):
     quiet_library_logs()

@@ -1,8 +1,16 @@
 """`ModelConfig`: the model section of the ml_collections config as a frozen, validated dataclass.
 
-  cfg = model_config_from_dict(config.model)   # validates, raises ValueError naming the field
+  cfg = ModelConfig(position_encoding='bipe_rope', separator_ids=(13,), ...)  # validates itself
+  cfg = model_config_from_dict(config.model)   # the same from a config section (unknown keys: error)
+
+A ModelConfig checks every field when it is constructed (`validate_model_config`) and raises
+ValueError naming the field. A config whose separator ids or inter-stream original length are
+resolved later, at training start, is built with `model_config_from_dict(...,
+require_separators=False, inter_length_later=True)`.
 """
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Any, Mapping, Tuple
 
@@ -10,6 +18,7 @@ import jax.numpy as jnp
 
 from bipe_jax import attention
 from bipe_jax import kernels
+from bipe_jax import remat as remat_lib
 from bipe_jax import schemes
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)  # Llama tokenizer: '▁.' and '<0x0A>' (official BiPE code)
@@ -20,39 +29,44 @@ ROPE_SCALINGS = ('none', 'linear', 'ntk', 'yarn')
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Every field of configs/base.py `model_defaults()` (see there for the meaning of each)."""
+  """The model section of a run's config: the one place its fields and defaults are defined
+  (configs/base.py builds `config.model` from them)."""
   vocab_size: int = 4096
   hidden_size: int = 128
   num_layers: int = 4
   num_heads: int = 4
-  num_kv_heads: int = 0  # 0 = num_heads
+  num_kv_heads: int = 0  # 0 = same as num_heads (multi-head attention)
   head_dim: int = 0  # 0 = hidden_size // num_heads
   ffn_size: int = 512
   rms_eps: float = 1e-5
   position_encoding: str = 'bipe_rope'
-  max_intra: int = 1024
-  max_position: int = 1024
+  max_intra: int = 1024  # learned intra-segment table size (official: training length 1024)
+  max_position: int = 1024  # learned absolute table size ('learned' encoding)
   intra_zero_last_row: bool = False  # official quirk: last intra row is zero (padding_idx=-1)
-  train_length: int = 1024  # training length: RoPE log-scale reference; FIRE init_L = it // 4
+  train_length: int = 0  # RoPE log-scale ref., FIRE init_L = it // 4; 0 = data.seq_len (derived)
   rope_base: float = 10000.0
-  rope_scaling: str = 'none'
+  rope_scaling: str = 'none'  # none | linear | ntk | yarn
   rope_scaling_factor: float = 1.0
-  rope_original_length: int = 1024
+  rope_original_length: int = 0  # RoPE scaling's original length; 0 = data.seq_len (derived)
   rope_log_scale: bool = False  # BiPE option: q *= log(pos + 1) / log(train_length)
-  alibi_slope_factor: float = 0.0  # 0 = the scheme's default
-  separators: str = 'auto'
-  separator_ids: Tuple[int, ...] = ()
+  alibi_slope_factor: float = 0.0  # 0 = scheme default (96 for bipe_alibi, 1 otherwise)
+  separators: str = 'auto'  # auto (tokenizer rule) | official ({869, 13}) | ids (separator_ids)
+  separator_ids: Tuple[int, ...] = ()  # resolved at start when separators != 'ids'
   bos_id: int = 1
   eos_id: int = 2
-  pad_id: int = -1
-  restart_at_documents: bool = False
-  mask_across_documents: bool = False
-  attention_impl: str = 'blockwise'
+  pad_id: int = -1  # -1 = no padding token
+  restart_at_documents: bool = False  # official BiPE: segments do not restart at BOS
+  mask_across_documents: bool = False  # official: packed documents attend to each other
+  attention_impl: str = 'blockwise'  # dense | blockwise | cudnn | fused | pallas
   block_size: int = 128
-  dtype: str = 'float32'
-  remat: bool = False
-  scan_layers: bool = False  # nn.scan over the decoder layers (params under 'layers', [L, ...])
-  kernels: str = 'auto'  # auto | portable | cpu (bipe_jax.kernels)
+  dtype: str = 'float32'  # compute dtype; float32 | bfloat16
+  remat: Any = 'none'  # none | full | save_projections (False / True: none / full); remat.py
+  # nn.scan over the decoder layers: one compiled layer body (compile time flat in depth);
+  # parameters under 'layers' with a leading [num_layers] axis (model.stack_layer_params).
+  scan_layers: bool = False
+  # Compute forms (bipe_jax/kernels): portable (stock XLA forms for TPU / GPU) | cpu (tuned for
+  # XLA CPU) | auto (cpu when the mesh's devices are CPU devices, else portable).
+  kernels: str = 'auto'
   dape_hidden: int = 32
   dapev2_kernel: int = 3
   fire_hidden: int = 32
@@ -60,6 +74,11 @@ class ModelConfig:
   fire_halve_init_L: bool = True  # official Megatron: L0 = init_L // 2; False: DAPE.py, L0 = init_L
   t5_buckets: int = 32
   t5_max_distance: int = 128
+
+  def __post_init__(self):
+    if isinstance(self.separator_ids, (list, tuple)):
+      object.__setattr__(self, 'separator_ids', tuple(self.separator_ids))
+    validate_model_config(self, **_CHECKS.get())
 
   # Derived values (no new fields, so the dataclass mirrors the config exactly).
   @property
@@ -90,6 +109,25 @@ class ModelConfig:
     return self.alibi_slope_factor or self.scheme.alibi_slope_factor
 
 
+# Options of validate_model_config for the ModelConfigs constructed in `_checks(...)` (only
+# model_config_from_dict relaxes them); outside, a ModelConfig is checked with the defaults.
+_CHECKS: contextvars.ContextVar[dict] = contextvars.ContextVar('model_config_checks', default={})
+
+
+@contextlib.contextmanager
+def _checks(**options):
+  token = _CHECKS.set(options)
+  try:
+    yield
+  finally:
+    _CHECKS.reset(token)
+
+
+def default_fields() -> dict[str, Any]:
+  """Every field of ModelConfig -> its default (the model section of configs/base.py)."""
+  return {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+
+
 def _err(field: str, value: Any, allowed: str) -> ValueError:
   return ValueError(f'model.{field}={value!r} is invalid: {allowed}.')
 
@@ -100,6 +138,11 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if cfg.position_encoding not in schemes.SCHEME_NAMES:
     raise _err('position_encoding', cfg.position_encoding,
                f'must be one of {", ".join(schemes.SCHEME_NAMES)}')
+  try:
+    remat_lib.remat_name(cfg.remat)
+  except ValueError:
+    raise _err('remat', cfg.remat, f'must be one of {remat_lib.REMAT_POLICIES} (or False / '
+               'True for none / full)') from None
   positive = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'ffn_size', 'max_intra',
               'max_position', 'block_size',
               'dape_hidden', 'dapev2_kernel', 'fire_hidden', 't5_buckets', 't5_max_distance')
@@ -182,6 +225,11 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                  f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
                  'that never decrease between visible tokens: with restart_at_documents, set '
                  'mask_across_documents=True (or use blockwise)')
+  if cfg.attention_impl == 'pallas' and (cfg.scheme.transform != 'none'
+                                         or cfg.scheme.bias not in ('none', 'alibi', 'kerple', 't5')):
+    raise _err('attention_impl', cfg.attention_impl,
+               f'computes only the ALiBi, Kerple and T5 biases (and none) per tile, not '
+               f'{cfg.position_encoding!r}; use blockwise or dense')
   if cfg.kernels not in kernels.KERNELS:
     raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')
   if cfg.dtype not in DTYPES:
@@ -218,5 +266,5 @@ def model_config_from_dict(model: Mapping[str, Any], *,
   values['separator_ids'] = tuple(int(i) for i in ids)
   if values.get('separators') == 'official' and not values['separator_ids']:
     values['separator_ids'] = OFFICIAL_SEPARATOR_IDS
-  return validate_model_config(ModelConfig(**values), require_separators=require_separators,
-                               inter_length_later=inter_length_later)
+  with _checks(require_separators=require_separators, inter_length_later=inter_length_later):
+    return ModelConfig(**values)

@@ -46,15 +46,18 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from bipe_jax import attention as attention_lib
 from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
+from bipe_jax import remat as remat_lib
 from bipe_jax.config import ModelConfig
 from bipe_jax.encodings import absolute
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import dape
 from bipe_jax.encodings import fire
+from bipe_jax.encodings import initializers
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import rope
 from bipe_jax.encodings import t5
@@ -107,7 +110,8 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-    scale = self.param('scale', nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+    scale = self.param('scale',
+                       initializers.logically_partitioned(nn.initializers.ones, ('embed',)),
                        (x_BxTxD.shape[-1],), jnp.float32)
     x = x_BxTxD.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
@@ -125,22 +129,29 @@ class Projection(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    kernel = self.param('kernel', nn.with_logical_partitioning(_INIT, self.axes), self.shape,
-                        jnp.float32)
+    kernel = self.param('kernel', initializers.logically_partitioned(_INIT, self.axes),
+                        self.shape, jnp.float32)
     project = kernels_lib.select(self.kernels).project
-    return project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    y = project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    return checkpoint_name(y, self.name)  # for model.remat's policies
+
+
+def _module_params(make_module: Callable[..., nn.Module], name: str, *example_args) -> dict:
+  """Creates `make_module(name=name)`'s params in the current scope (by one call on tiny
+  `example_args`) and returns them."""
+  bound = make_module(name=name)
+  bound(*example_args)
+  return bound.variables.get('params', {})
 
 
 def _pure(make_module: Callable[..., nn.Module], name: str, *example_args) -> Callable:
-  """Creates `make_module(name=name)`'s params in the current scope (by one call on tiny
-  `example_args`) and returns a pure function with those params closed over.
+  """Creates `make_module(name=name)`'s params in the current scope and returns a pure function
+  with those params closed over.
 
   Linen modules cannot be called inside `lax.scan` (the blockwise attention loop); the returned
   function applies an unbound copy with explicit params, which can.
   """
-  bound = make_module(name=name)
-  bound(*example_args)
-  params = bound.variables.get('params', {})
+  params = _module_params(make_module, name, *example_args)
   unbound = make_module(parent=None)
   return lambda *args: unbound.apply({'params': params}, *args)
 
@@ -171,6 +182,31 @@ class Attention(nn.Module):
                                scale=t5.t5_scale(cfg.head_size))
       return _pure(make, 't5', pos1, pos1)
     return None
+
+  def _tile_bias(self) -> tuple:
+    """(TileBias, params [H, P]) of the scheme's bias for attention_impl='pallas': the same
+    parameters (names, initialisers, Kerple's clamp) as `_bias_fn`'s modules."""
+    from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+    cfg, s = self.config, self.config.scheme
+    h = cfg.num_heads
+    pos1 = jnp.zeros((1, 1), jnp.int32)
+    if s.bias == 'alibi':
+      slopes = alibi.alibi_slopes(h) * cfg.slope_factor
+      return pallas.TileBias('alibi'), jnp.asarray(slopes, jnp.float32)[:, None]
+    if s.bias == 'kerple':
+      params = _module_params(functools.partial(kerple.KerpleLogBias, h), 'kerple', pos1, pos1)
+      p_a = [kerple.clamp_straight_through(params[n], kerple.KERPLE_MIN)
+             for n in kerple.KERPLE_PARAM_NAMES]
+      return pallas.TileBias('kerple'), jnp.stack(p_a, axis=1)
+    if s.bias == 't5':
+      make = functools.partial(t5.T5RelativeBias, h, num_buckets=cfg.t5_buckets,
+                               max_distance=cfg.t5_max_distance)
+      table_NxH = _module_params(make, 't5', pos1, pos1)['rel_embedding']
+      return (pallas.TileBias('t5', t5_buckets=cfg.t5_buckets,
+                              t5_max_distance=cfg.t5_max_distance), table_NxH.T)
+    if s.bias != 'none':
+      raise ValueError(f"attention_impl='pallas' does not cover bias {s.bias!r}.")
+    return pallas.TileBias('none'), None
 
   def _transform_fn(self) -> tuple:
     """(transform_fn(scores, bias, q_pos, k_pos, k_in_range) or None, halo)."""
@@ -219,7 +255,7 @@ class Attention(nn.Module):
         k, v = cached_k.value, cached_v.value
 
     impl = cfg.attention_impl
-    if self.decode and impl in attention_lib.FUSED_IMPLS:
+    if self.decode and impl in (*attention_lib.FUSED_IMPLS, 'pallas'):
       impl = 'dense'
     transform_fn, halo = self._transform_fn()
     kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, transform_fn=transform_fn)
@@ -227,6 +263,14 @@ class Attention(nn.Module):
       # ALiBi as a per-key bias (alibi.alibi_key_bias: equal after the softmax)
       kwargs.update(key_bias_BxHx1xK=alibi.alibi_key_bias(
           k_side.stream(scheme.bias_stream), alibi.alibi_slopes(h), cfg.slope_factor))
+    elif impl == 'pallas':
+      tile_bias, bias_params = self._tile_bias()
+      batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
+      kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=cfg.block_size,
+                    block_k=cfg.block_size, batch_axes=batch_axes, head_axes=head_axes)
+      if scheme.bias != 'none':
+        kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
+                      k_streams=k_side.stream(scheme.bias_stream))
     elif (bias_fn := self._bias_fn()) is not None:
       kwargs.update(bias_fn=bias_fn, q_streams=q_side.stream(scheme.bias_stream),
                     k_streams=k_side.stream(scheme.bias_stream))
@@ -238,24 +282,12 @@ class Attention(nn.Module):
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
     if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
-    if impl == 'dense':
+    if impl in ('dense', 'blockwise'):  # blockwise of one block is dense attention
       kwargs.update(kernels=cfg.kernels)
     out_BxHxTxDh = attention_lib.attention_fn(impl)(q, k, v, **kwargs)
     out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
                                               ('batch', 'heads', 'length', 'head_dim'))
     return proj('out', (h, dh, d), ('heads', 'head_dim', 'embed'), 'bhtk,hkd->btd')(out_BxHxTxDh)
-
-
-@jax.checkpoint
-def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
-  """silu(gate) * up, elementwise; its backward pass recomputes silu from gate and up.
-
-  Saving only the two inputs lets XLA compute the forward in one elementwise pass instead of
-  three (sigmoid, silu and the product, each kept for the backward pass): on this project's CPU
-  that is 3.6 -> 1.0 ms a layer at [2,048, 512], and the tiny training step 0.987x
-  (benchmarks/README.md). Values and gradients are those of the plain expression.
-  """
-  return nn.silu(gate) * up
 
 
 class Mlp(nn.Module):
@@ -268,6 +300,7 @@ class Mlp(nn.Module):
     d, f, dtype, kern = cfg.hidden_size, cfg.ffn_size, cfg.compute_dtype, cfg.kernels
     gate = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, kern, name='gate')(x_BxTxD)
     up = Projection((d, f), ('embed', 'mlp'), 'btd,df->btf', dtype, kern, name='up')(x_BxTxD)
+    swiglu = kernels_lib.select(kern).swiglu
     hidden_BxTxF = nn.with_logical_constraint(swiglu(gate, up), ('batch', 'length', 'mlp'))
     return Projection((f, d), ('mlp', 'embed'), 'btf,fd->btd', dtype, kern,
                       name='down')(hidden_BxTxF)
@@ -449,7 +482,8 @@ class Transformer(nn.Module):
       q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,
-                     embedding_init=nn.with_logical_partitioning(_INIT, ('vocab', 'embed')),
+                     embedding_init=initializers.logically_partitioned(_INIT,
+                                                                       ('vocab', 'embed')),
                      name='embed')
     x = embed(tokens_BxT).astype(dtype)
     if scheme.input != 'none':
@@ -469,14 +503,14 @@ class Transformer(nn.Module):
     # cache may hold left padding (decode).
     mask_keys = decode or valid_BxT is not None
     if cfg.scan_layers:
-      body = nn.remat(ScannedDecoderLayer) if cfg.remat else ScannedDecoderLayer
+      body = remat_lib.remat_layer(ScannedDecoderLayer, cfg.remat, scanned=True)
       stack = nn.scan(body, variable_axes={'params': 0, 'cache': 0},
                       split_rngs={'params': True}, length=cfg.num_layers,
                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
                       metadata_params={nn.PARTITION_NAME: 'layers'})
       x, _ = stack(cfg, decode, mask_keys, name=SCANNED_LAYERS)(x, q_side, k_side, cache_index)
     else:
-      layer_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+      layer_cls = remat_lib.remat_layer(DecoderLayer, cfg.remat, scanned=False)
       for i in range(cfg.num_layers):
         x = layer_cls(cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side,
                                                                  cache_index)

@@ -1,4 +1,4 @@
-"""Bilevel position streams (BiPE, He et al. 2024, REFERENCE §1), computed inside jit.
+"""Bilevel position streams (BiPE: He et al. 2024, arXiv:2401.16421), computed inside jit.
 
 Every token gets:
   token:    its absolute position 0..T-1,

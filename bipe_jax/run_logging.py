@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 
+from bipe_jax import workdir_io
+
 _FORMAT = '%(asctime)s %(levelname)s %(name)s: %(message)s'
 # Library warnings that say nothing to a person watching the run: the file only.
 # TFDS warns 'Using custom data configuration' for every BuilderConfig made at run time, which
@@ -33,6 +35,14 @@ class _FileHandlerMadeOnFirstLine(logging.FileHandler):
     return super()._open()
 
 
+class _ObjectLogHandler(logging.StreamHandler):
+  """The log file of a workdir on an object store (gs://...), through etils.epath: the object
+  is written at the first line and rewritten as lines arrive (an object cannot be appended to)."""
+
+  def __init__(self, path: str):
+    super().__init__(workdir_io.RewritingAppender(path))
+
+
 def filter_known_noise() -> None:
   """Keeps the `QUIET_WARNINGS` lines off absl's stderr handler (a CLI without a log file)."""
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
@@ -44,7 +54,8 @@ def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Han
   the terminal keeps
   WARNING and above only. Returns the file handler (call `handler.close()` to detach it)."""
   root = logging.getLogger()
-  consoles = [h for h in root.handlers if not isinstance(h, logging.FileHandler)]
+  consoles = [h for h in root.handlers
+              if not isinstance(h, (logging.FileHandler, _ObjectLogHandler))]
   for handler in consoles:  # absl's stderr handler and any other console handler
     handler.setLevel(max(handler.level, logging.WARNING))
     handler.addFilter(_KnownNoise())
@@ -61,7 +72,10 @@ def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Han
   except ImportError:  # absl is a dependency of JAX, but the function does not need it
     pass
   root.setLevel(min(root.level or level, level))
-  file_handler = _FileHandlerMadeOnFirstLine(path, encoding='utf-8', delay=True)
+  if not workdir_io.is_local(path):  # a bucket
+    file_handler = _ObjectLogHandler(path)
+  else:
+    file_handler = _FileHandlerMadeOnFirstLine(path, encoding='utf-8', delay=True)
   file_handler.setLevel(level)
   file_handler.setFormatter(logging.Formatter(_FORMAT))
   root.addHandler(file_handler)

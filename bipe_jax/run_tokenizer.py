@@ -13,9 +13,9 @@ are not pinned.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
+
+from bipe_jax import workdir_io
 
 RUN_TOKENIZER_FILE = 'tokenizer.model'
 
@@ -24,12 +24,7 @@ class TokenizerMismatchError(ValueError):
   """A tokenizer other than the one the run was trained with; the message names both files."""
 
 
-def sha256_of(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(1 << 20), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
+sha256_of = workdir_io.sha256_of  # local or gs:// (etils.epath)
 
 
 def _has_file_tokenizer(data_config) -> bool:
@@ -47,25 +42,22 @@ def pin_for_training(config, workdir: str) -> str | None:
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
   if not _has_file_tokenizer(config.data):
     return None
-  pinned = os.path.abspath(os.path.join(workdir, RUN_TOKENIZER_FILE))
+  pinned = workdir_io.absolute(os.path.join(workdir, RUN_TOKENIZER_FILE))
   from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
   task = generated.lookup(config.data.dataset)
   if task is not None:  # a task reading a tokenizer file: its own check (clear errors)
     task.get_tokenizer(config.data)
   source = preparation.tokenizer_path(config.data)
-  if os.path.isfile(pinned):
+  if workdir_io.isfile(pinned):
     explicit = config.data.tokenizer_path
-    if (explicit and os.path.abspath(source) != pinned and os.path.isfile(source)
+    if (explicit and workdir_io.absolute(source) != pinned and workdir_io.isfile(source)
         and sha256_of(source) != sha256_of(pinned)):
       raise TokenizerMismatchError(
           f'data.tokenizer_path={explicit!r} is not the tokenizer this run was trained with '
           f'({pinned}, sha256 {sha256_of(pinned)[:12]}…): resume without it, or use a new '
           f'workdir')
   else:
-    os.makedirs(workdir, exist_ok=True)
-    tmp = f'{pinned}.{os.getpid()}.tmp'
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, pinned)  # atomic: processes sharing the workdir copy the same bytes
+    workdir_io.copy_file(source, pinned)  # processes sharing the workdir copy the same bytes
   with config.unlocked() if hasattr(config, 'unlocked') else _Null():
     config.data.tokenizer_path = pinned
     config.data.tokenizer_sha256 = sha256_of(pinned)
@@ -82,14 +74,14 @@ def tokenizer_for_run(workdir: str, data_config) -> str | None:
     return None
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
   pinned = os.path.join(workdir, RUN_TOKENIZER_FILE)
-  path = pinned if os.path.isfile(pinned) else preparation.tokenizer_path(data_config)
+  path = pinned if workdir_io.isfile(pinned) else preparation.tokenizer_path(data_config)
   recorded = data_config.get('tokenizer_sha256', '')
-  if recorded and os.path.isfile(path) and sha256_of(path) != recorded:
+  if recorded and workdir_io.isfile(path) and sha256_of(path) != recorded:
     raise TokenizerMismatchError(
         f'{path} is not the tokenizer run {workdir!r} was trained with: its sha256 is '
         f'{sha256_of(path)[:12]}…, the run recorded {recorded[:12]}… in config.json (was the '
         f'file replaced?)')
-  return os.path.abspath(path)
+  return workdir_io.absolute(path)
 
 
 class _Null:

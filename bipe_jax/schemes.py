@@ -1,7 +1,7 @@
 """The scheme registry: every `model.position_encoding` name as "which stream feeds which hook".
 
 Position streams (bipe_jax.positions): token (0..T-1), intra (offset in the segment), inter
-(segment index). Hooks (ARCHITECTURE.md):
+(segment index). Hooks (docs/design.md):
   input      add an absolute embedding of a stream to the token embeddings
              ('none' | 'sinusoidal' | 'learned'), indexed by `input_stream`;
   rotary     rotate q and k by a stream ('none' | 'token' | 'inter');

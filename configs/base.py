@@ -6,53 +6,13 @@ Each section is built by its own function so the parts of the project that own t
 
 import ml_collections
 
+from bipe_jax import config as model_config_lib
+
 
 def model_defaults() -> ml_collections.ConfigDict:
-  m = ml_collections.ConfigDict()
-  m.vocab_size = 4096
-  m.hidden_size = 128
-  m.num_layers = 4
-  m.num_heads = 4
-  m.num_kv_heads = 0  # 0 = same as num_heads (multi-head attention)
-  m.head_dim = 0  # 0 = hidden_size // num_heads
-  m.ffn_size = 512
-  m.rms_eps = 1e-5
-  m.position_encoding = 'bipe_rope'
-  m.max_intra = 1024  # learned intra-segment table size (official: training length 1024)
-  m.max_position = 1024  # learned absolute table size ('learned' encoding)
-  m.intra_zero_last_row = False  # official quirk: last intra row is zero (padding_idx=-1)
-  m.train_length = 0  # log-scale reference, FIRE init_L = it // 4; 0 = data.seq_len (derived)
-  m.rope_base = 10000.0
-  m.rope_scaling = 'none'  # none | linear | ntk | yarn
-  m.rope_scaling_factor = 1.0
-  m.rope_original_length = 0  # RoPE scaling's original length; 0 = data.seq_len (derived)
-  m.rope_log_scale = False  # BiPE option: q *= log(pos + 1) / log(train_length)
-  m.alibi_slope_factor = 0.0  # 0 = scheme default (96 for bipe_alibi, 1 otherwise)
-  m.separators = 'auto'  # auto (tokenizer rule) | official ({869, 13}) | ids (separator_ids)
-  m.separator_ids = ()  # resolved at start when separators != 'ids'
-  m.bos_id = 1
-  m.eos_id = 2
-  m.pad_id = -1  # -1 = no padding token
-  m.restart_at_documents = False  # official BiPE: segments do not restart at BOS
-  m.mask_across_documents = False  # official: packed documents attend to each other
-  m.attention_impl = 'blockwise'  # dense | blockwise | cudnn
-  m.block_size = 128
-  m.dtype = 'float32'  # compute dtype; float32 | bfloat16
-  m.remat = False
-  # nn.scan over the decoder layers: one compiled layer body (compile time flat in depth);
-  # parameters under 'layers' with a leading [num_layers] axis (model.stack_layer_params).
-  m.scan_layers = False
-  # Compute forms (bipe_jax/kernels): portable (stock XLA forms for TPU / GPU) | cpu (tuned for
-  # XLA CPU) | auto (cpu when the mesh's devices are CPU devices, else portable).
-  m.kernels = 'auto'
-  m.dape_hidden = 32
-  m.dapev2_kernel = 3
-  m.fire_hidden = 32
-  m.fire_init_L = 0  # official init_L (noise_seq_length); 0 = train_length // 4
-  m.fire_halve_init_L = True  # L0 = init_L // 2 (official Megatron); False = DAPE.py's L0 = init_L
-  m.t5_buckets = 32
-  m.t5_max_distance = 128
-  return m
+  """Every field of bipe_jax.config.ModelConfig with its default (documented there: the one
+  place the model's fields and defaults are defined)."""
+  return ml_collections.ConfigDict(model_config_lib.default_fields())
 
 
 def data_defaults() -> ml_collections.ConfigDict:
@@ -110,7 +70,7 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.eval_every = 0  # steps between validation measurements (0 = none); see training/validation.py
   t.eval_tokens = 16384  # validation tokens scored each time (a fixed slice of the split)
   # MFU denominator: peak FLOP/s of one device. Default: this project's 2-core CPU measured at
-  # 2.0e11 float32 FLOP/s (PERFORMANCE.md); on CPU the fake devices of one process share it.
+  # 2.0e11 float32 FLOP/s (benchmarks/matmul_peak.py); on CPU the fake devices of one process share it.
   t.peak_flops_per_device = 0.0  # 0 = by device kind (training/flops.py); > 0 overrides
   return t
 

@@ -108,3 +108,34 @@ def test_unknown_field_message_names_the_whole_path():
       '--config.train.steps=5: the config has no field train.steps; did you mean '
       '--config.train.step?')
   assert cli.unknown_field_message(AttributeError('other'), argv, ['config']) is None
+
+
+@pytest.fixture
+def absl_verbosity_kept():
+  """cli.run quiets absl logging: put the test process's verbosity back afterwards."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  before = absl_logging.get_verbosity()
+  yield
+  absl_logging.set_verbosity(before)
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line(monkeypatch, capsys, absl_verbosity_kept):
+  def main(argv):
+    del argv
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(sys, 'argv', ['prog'])
+  with pytest.raises(SystemExit) as exit_info:
+    cli.run(main)
+  assert exit_info.value.code == 130
+  assert capsys.readouterr().err == 'error: interrupted\n'
+
+
+def test_a_real_bug_keeps_its_traceback(monkeypatch, absl_verbosity_kept):
+  def main(argv):
+    del argv
+    raise ZeroDivisionError('a bug')
+
+  monkeypatch.setattr(sys, 'argv', ['prog'])
+  with pytest.raises(ZeroDivisionError, match='a bug'):
+    cli.run(main)

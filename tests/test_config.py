@@ -1,7 +1,9 @@
-"""ModelConfig: mirrors configs/base.py, validates every field with clear errors, counts params."""
+"""ModelConfig: the source of configs/base.py's model section (defaults live once), validates every field with clear errors, counts params."""
 
+import ast
 import dataclasses
 import importlib
+import os
 
 import pytest
 
@@ -23,6 +25,57 @@ def test_fields_mirror_base_config():
     assert getattr(cfg, key) == expected, key
 
 
+def test_model_defaults_are_the_model_configs():
+  defaults = base.model_defaults()
+  assert defaults.train_length == 0 and defaults.rope_original_length == 0  # = data.seq_len
+  for f in dataclasses.fields(ModelConfig):
+    assert defaults[f.name] == f.default, f.name
+
+
+def _library_fallbacks() -> list[tuple[str, str, object]]:
+  """(file, field, default) of every `x.get('field', constant)` in bipe_jax/."""
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bipe_jax')
+  found = []
+  for folder, _, files in os.walk(root):
+    for name in (n for n in files if n.endswith('.py')):
+      path = os.path.join(folder, name)
+      with open(path) as f:
+        tree = ast.parse(f.read())
+      for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == 'get' and len(node.args) == 2
+            and isinstance(node.args[0], ast.Constant)):
+          try:
+            default = ast.literal_eval(node.args[1])
+          except ValueError:
+            continue
+          found.append((os.path.relpath(path, root), node.args[0].value, default))
+  return found
+
+
+# Fallbacks that are not config defaults, with why.
+NOT_DEFAULTS = {
+    ('separators', 'ids'): 'model fields of a Hugging Face import carry explicit separator ids',
+}
+
+
+def test_library_fallbacks_for_config_fields_agree_with_base():
+  """Where the library reads a config field that may be absent (a run saved before the field
+  existed, a hand-built section), its fallback is the base default, never another value."""
+  config = base.get_base_config()
+  defaults = {}
+  for section in config.values():
+    for key, value in section.items():
+      defaults.setdefault(key, []).append(value)
+  fallbacks = [(path, field, value) for path, field, value in _library_fallbacks()
+               if field in defaults and (field, value) not in NOT_DEFAULTS]
+  assert {'seed', 'dir'} <= {field for _, field, _ in fallbacks}  # the scan sees them
+  disagree = [(path, field, value, defaults[field]) for path, field, value in fallbacks
+              if not any(value == d or (isinstance(d, tuple) and tuple(value) == d)
+                         for d in defaults[field])]
+  assert disagree == []
+
+
 @pytest.mark.parametrize('preset', PRESETS)
 def test_presets_validate(preset):
   config = importlib.import_module(f'configs.{preset}').get_config()
@@ -34,8 +87,8 @@ def test_presets_validate(preset):
 @pytest.mark.parametrize('encoding', [n for n in SCHEME_NAMES if n.startswith('bipe')])
 def test_bipe_without_separators_is_an_error(encoding):
   with pytest.raises(ValueError, match=f'separator_ids=.*is empty.*{encoding}'):
-    model_config_from_dict(dict(position_encoding=encoding))
-  assert model_config_from_dict(dict(position_encoding=encoding),
+    model_config_from_dict(dict(position_encoding=encoding, train_length=64))
+  assert model_config_from_dict(dict(position_encoding=encoding, train_length=64),
                                 require_separators=False).separator_ids == ()
   assert model_config_from_dict(dict(position_encoding='rope')).separator_ids == ()
 

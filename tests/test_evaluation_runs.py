@@ -21,7 +21,7 @@ from bipe_jax import data
 from bipe_jax import model as model_lib
 from bipe_jax.evaluation import cli
 from bipe_jax.evaluation import perplexity as ppl
-from bipe_jax.evaluation import runs as runs_lib
+from bipe_jax import run_restore as runs_lib
 from bipe_jax.evaluation import sweep
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
@@ -225,7 +225,8 @@ import json, os, sys
 sys.path.insert(0, sys.argv[1])
 import jax
 from tests import test_evaluation_runs as T
-from bipe_jax.evaluation import runs as runs_lib, sweep
+from bipe_jax import run_restore as runs_lib
+from bipe_jax.evaluation import sweep
 from bipe_jax.training import mesh as mesh_lib
 import ml_collections
 path = sys.argv[2]

@@ -15,7 +15,7 @@ import pytest
 from bipe_jax import config as model_config_lib
 from bipe_jax import data
 from bipe_jax import model as model_lib
-from bipe_jax.evaluation import runs
+from bipe_jax import run_restore as runs
 from bipe_jax.interop import convert
 from bipe_jax.training import checkpointing
 from bipe_jax.training import mesh as mesh_lib

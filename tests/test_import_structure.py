@@ -3,6 +3,8 @@ and the data layer never imports a task: generated datasets are found through th
 
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -88,6 +90,22 @@ def test_the_data_layer_imports_no_task():
   assert {m: t for m, t in offenders.items() if t} == {}
 
 
+def test_training_and_evaluation_do_not_import_each_other_through_run_restoring():
+  """Restoring a run (evaluation, generation, init_from, convert) and scoring blocks (evaluation,
+  the trainer's validation) live below both packages: training imports no evaluation module, and
+  neither shared module imports evaluation or the trainer."""
+  graph = import_graph()
+  into_evaluation = {m: sorted(t for t in targets if t.startswith('bipe_jax.evaluation'))
+                     for m, targets in graph.items()
+                     if m.startswith('bipe_jax.training') or m in ('bipe_jax.run_restore',
+                                                                   'bipe_jax.block_scoring')}
+  assert {m: t for m, t in into_evaluation.items() if t} == {}
+  assert 'bipe_jax.run_restore' in graph['bipe_jax.training.init_from']
+  assert 'bipe_jax.block_scoring' in graph['bipe_jax.training.validation']
+  for shared in ('bipe_jax.run_restore', 'bipe_jax.block_scoring'):
+    assert 'bipe_jax.training.trainer' not in graph[shared]
+
+
 def test_config_does_not_import_the_model():
   assert 'bipe_jax.model' not in import_graph()['bipe_jax.config']
 
@@ -95,10 +113,34 @@ def test_config_does_not_import_the_model():
 def test_the_arithmetic_dataset_is_registered_and_unknown_names_are_clear():
   from bipe_jax.data import generated
   from bipe_jax.data import tfds_builders
-  import bipe_jax  # pylint: disable=unused-import  (registers the tasks)
   assert 'arithmetic' in generated.names()
+  assert generated.lookup('arithmetic').make_train_iterator.__module__ == 'bipe_jax.tasks.arithmetic'
   assert generated.lookup('embedded') is None
   with pytest.raises(ValueError, match=r"data.dataset='nope' is not one of .*'arithmetic'"):
     tfds_builders.check_dataset_name('nope')
   with pytest.raises(ValueError, match='already registered'):
     generated.register('arithmetic', generated.GeneratedDataset(len, len, len))
+
+
+HEAVY = ('grain', 'tensorflow_datasets', 'sentencepiece', 'tensorflow', 'optax', 'orbax',
+         'ml_collections')
+
+
+def _loaded_after(statement: str) -> list[str]:
+  """Top-level packages of HEAVY in sys.modules after `statement`, in a fresh interpreter."""
+  code = (f'import sys\n{statement}\n'
+          f'print(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})))')
+  root = os.path.dirname(ROOT)
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
+                       cwd=root, check=True)
+  return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_model_and_encodings_import_without_the_data_or_training_stack():
+  light = _loaded_after('import bipe_jax.positions, bipe_jax.encodings, bipe_jax.attention, '
+                        'bipe_jax.model, bipe_jax.config')
+  assert light == []
+  # The probe sees these packages when they are loaded (so the empty list above means something).
+  assert {'grain', 'sentencepiece', 'tensorflow_datasets'} <= set(
+      _loaded_after('import bipe_jax.data'))

@@ -11,7 +11,7 @@ import pytest
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import model as model_lib
-from bipe_jax.evaluation import runs
+from bipe_jax import run_restore as runs
 from bipe_jax.interop import convert
 from bipe_jax.training import init_from
 from bipe_jax.training import mesh as mesh_lib

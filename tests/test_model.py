@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from bipe_jax import config as config_lib
+from bipe_jax.kernels import cpu as cpu_kernels
 from bipe_jax import model as model_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax.config import ModelConfig
@@ -179,14 +180,15 @@ def test_param_tree_matches_design():
   assert not any('abs_embed' in k for k in flat)
   learned = jax.eval_shape(lambda: Transformer(_cfg('learned')).init(
       jax.random.PRNGKey(0), _tokens()))['params']
-  assert learned['abs_embed']['embedding'].value.shape == (32, d)
+  assert learned['abs_embed']['embedding'].shape == (32, d)
   assert 'intra_embed' not in learned
 
 
 def test_logical_partitioning_on_every_param():
   cfg = _cfg('bipe_rope')
-  boxed = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.PRNGKey(0),
-                                                       _tokens()))['params']
+  with jax.set_mesh(jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))):  # names need a mesh
+    boxed = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.PRNGKey(0),
+                                                         _tokens()))['params']
   leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
   assert leaves and all(isinstance(x, nn.LogicallyPartitioned) for x in leaves)
   names = nn.get_partition_spec(boxed)
@@ -248,8 +250,7 @@ def test_gqa_equals_mha_with_repeated_kv_weights():
   for i in range(2):
     att = dict(params[f'layer_{i}']['attention'])
     for name in ('key', 'value'):
-      box = att[name]['kernel']
-      att[name] = {'kernel': box.replace_boxed(jnp.repeat(box.value, 2, axis=1))}
+      att[name] = {'kernel': jnp.repeat(att[name]['kernel'], 2, axis=1)}
     mha[f'layer_{i}'] = dict(params[f'layer_{i}'], attention=att)
   np.testing.assert_allclose(_forward(gqa_cfg)(params, tokens),
                              _forward(mha_cfg)(mha, tokens), atol=1e-5)
@@ -386,20 +387,21 @@ def test_blockwise_model_gradients_equal_dense():
 
 
 def test_swiglu_keeps_only_its_inputs_for_the_backward_pass(capsys):
-  """model.swiglu: values, gradients, forward mode equal silu(gate) * up; the backward pass
-  keeps gate and up and recomputes silu (the plain expression keeps three more arrays)."""
+  """The cpu kernels path's swiglu (bipe_jax/kernels/cpu.py): values, gradients, forward mode
+  equal silu(gate) * up; the backward pass keeps gate and up and recomputes silu (the plain
+  expression keeps three more arrays)."""
   kg, ku, kc = jax.random.split(jax.random.PRNGKey(4), 3)
   gate, up, ct = (jax.random.normal(k, (3, 5, 7)) for k in (kg, ku, kc))
   plain = lambda g, u: nn.silu(g) * u
-  np.testing.assert_allclose(model_lib.swiglu(gate, up), plain(gate, up), rtol=1e-6)
+  np.testing.assert_allclose(cpu_kernels.swiglu(gate, up), plain(gate, up), rtol=1e-6)
   loss = lambda f: (lambda g, u: jnp.sum(f(g, u) * ct))
-  for got, want in zip(jax.jit(jax.grad(loss(model_lib.swiglu), (0, 1)))(gate, up),
+  for got, want in zip(jax.jit(jax.grad(loss(cpu_kernels.swiglu), (0, 1)))(gate, up),
                        jax.grad(loss(plain), (0, 1))(gate, up)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(jax.jvp(model_lib.swiglu, (gate, up), (ct, gate))[1],
+  np.testing.assert_allclose(jax.jvp(cpu_kernels.swiglu, (gate, up), (ct, gate))[1],
                              jax.jvp(plain, (gate, up), (ct, gate))[1], rtol=1e-5, atol=1e-6)
   residuals = {}
-  for name, f in (('ours', model_lib.swiglu), ('plain', plain)):
+  for name, f in (('ours', cpu_kernels.swiglu), ('plain', plain)):
     ad_checkpoint.print_saved_residuals(loss(f), gate, up)
     residuals[name] = capsys.readouterr().out.strip().splitlines()
   kept = lambda name: [line for line in residuals[name] if 'from a constant' not in line]  # ct

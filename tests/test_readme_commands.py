@@ -1,12 +1,13 @@
-"""The README's training commands fit together as written, in whatever order the README has them.
+"""The README's commands fit together as written, in whatever order the README has them.
 
 Every `train/main.py` command of the README's ```bash blocks is resolved as the CLI resolves it
 (config file + --config.* overrides through ml_collections, derived fields, validation), and a
 fine-tune (`train.init_from`) is checked against the README command that made its source with
 the CLI's own check (`init_from.check_source`: same encoding, same separators rule), without
-training anything: each command's workdir gets the config.json the run would record and an
-empty checkpoint folder (separator ids stand-ins for the tokenizer's). A recipe that silently changes the encoding of its source (the YaRN
-fine-tune of a bipe_alibi run that trained bipe_rope) fails here.
+training anything: each command's workdir gets the config.json the run would record (stand-in
+separator ids for the tokenizer's) and an empty checkpoint folder. A recipe that silently
+changes the encoding of its source (the YaRN fine-tune of a bipe_alibi run that trained
+bipe_rope) fails here. Every flag of every README command is one its script defines.
 """
 
 import os
@@ -117,3 +118,29 @@ python train/main.py --config=configs/tiny.py --workdir=runs/b \\
   with pytest.raises(AssertionError, match="workdir=runs/b: .*'bipe_alibi', this run uses "
                                            "'bipe_rope'"):
     check_in_order(dict(reversed(list(runs.items()))))  # whatever the order
+
+
+def defined_flags(script: str) -> set:
+  """The flag names a CLI script defines (absl DEFINE_* calls; argparse add_argument)."""
+  text = open(os.path.join(ROOT, script), encoding='utf-8').read()
+  names = set(re.findall(r"DEFINE_\w+\(\s*'(\w+)'", text))
+  names |= set(re.findall(r"add_argument\(\s*'--(\w+)'", text))
+  return names
+
+
+def test_readme_command_flags_exist():
+  """Every --flag of every README command is one its script defines (or absl's own)."""
+  text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+  scripts = {'-m': 'bipe_jax/interop/convert.py'}
+  checked = 0
+  for argv in readme_commands(text):
+    script = scripts.get(argv[0], argv[0])
+    if not script.endswith('.py') or '...' in argv:
+      continue
+    names = defined_flags(script) | {'verbosity', 'helpfull'}
+    for arg in argv[1:]:
+      if arg.startswith('--'):
+        name = arg[2:].split('=', 1)[0].split('.', 1)[0]
+        assert name in names, f'README: {" ".join(argv)}: {script} has no flag --{name}'
+        checked += 1
+  assert checked > 20

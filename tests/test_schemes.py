@@ -8,7 +8,7 @@ from bipe_jax import schemes
 from bipe_jax.schemes import SCHEME_NAMES, Scheme, get_scheme
 
 # name -> (input, input_stream, rotary, bias, bias_stream, transform), written out by hand from
-# REFERENCE.md / ARCHITECTURE.md (input_stream / bias_stream only where they matter).
+# the papers' descriptions (docs/design.md) (input_stream / bias_stream only where they matter).
 EXPECTED = {
     'nope': ('none', None, 'none', 'none', None, 'none'),
     'sinusoidal': ('sinusoidal', 'token', 'none', 'none', None, 'none'),

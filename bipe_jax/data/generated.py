@@ -1,8 +1,10 @@
 """Registry of generated datasets: data made by a task's code, not read from files.
 
 A task (e.g. `bipe_jax.tasks.arithmetic`) registers its hooks under a dataset name when it is
-imported; the data layer looks the name up and never imports a task itself. `bipe_jax` imports
-its tasks, so every registered name is known to any user of the package.
+imported; the data layer looks the name up and never imports a task's code by itself. The
+project's own tasks are listed by name in `BUILTIN_TASKS` (name -> module): the first lookup of
+such a name imports that module, so `import bipe_jax` stays light (no task, no data stack) while
+every built-in name is known to any user of the package.
 
 Hooks of a `GeneratedDataset`:
   get_tokenizer(data_config) -> tokenizer (encode, decode, vocab_size, bos_id, eos_id,
@@ -18,6 +20,7 @@ Hooks of a `GeneratedDataset`:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Callable
 
 
@@ -34,6 +37,13 @@ class GeneratedDataset:
 
 _REGISTRY: dict[str, GeneratedDataset] = {}
 
+# The project's generated datasets: importing the module registers the name.
+BUILTIN_TASKS = {
+    'arithmetic': 'bipe_jax.tasks.arithmetic',
+    'passkey': 'bipe_jax.tasks.passkey',
+    'scrolls': 'bipe_jax.tasks.scrolls',
+}
+
 
 def register(name: str, dataset: GeneratedDataset) -> None:
   """Registers `dataset` as `data.dataset=name`; registering a name twice with other hooks is an
@@ -45,8 +55,10 @@ def register(name: str, dataset: GeneratedDataset) -> None:
 
 def lookup(name: str) -> GeneratedDataset | None:
   """The hooks of a generated dataset, or None for a dataset read from files."""
+  if name not in _REGISTRY and name in BUILTIN_TASKS:
+    importlib.import_module(BUILTIN_TASKS[name])
   return _REGISTRY.get(name)
 
 
 def names() -> tuple[str, ...]:
-  return tuple(sorted(_REGISTRY))
+  return tuple(sorted(set(_REGISTRY) | set(BUILTIN_TASKS)))

@@ -54,7 +54,7 @@ def make_train_dataset(data_config, batch_size_per_process: int, process_index: 
   epochs = _check_int('data.num_epochs', data_config.num_epochs, 0)
   threads = _check_int('data.num_threads', data_config.num_threads, 0)
   prefetch = _check_int('data.prefetch', data_config.prefetch, 0)
-  window = _check_int('data.shuffle_window', data_config.get('shuffle_window', 0), 0)
+  window = _check_int('data.shuffle_window', data_config.shuffle_window, 0)
   tok = prepare_lib.get_tokenizer(data_config)
   source, feature = tfds_builders.open_split(data_config, 'train')
   if len(source) < count:

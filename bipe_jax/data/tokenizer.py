@@ -17,7 +17,7 @@ sentence, '!' and '?', and a newline for text; newlines only for code.
               of a sentence ('units.' -> 'its' '.'). We never split on it, so decimal points and
               abbreviations never end a segment, and a sentence whose period is that piece ends
               its segment at the next newline or unambiguous punctuation (the official models
-              likewise split on '▁.' and newline only: REFERENCE.md §1). For prose with one
+              likewise split on '▁.' and newline only: config.OFFICIAL_SEPARATOR_IDS). For prose with one
               sentence per line nothing is lost; hard-wrapped text splits at its line ends.
               Likewise a bare '!' or '?' piece is taken as sentence-final although code can
               produce it ('{x!r}' in an f-string): use 'newline' for code.
@@ -40,6 +40,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)
 SEPARATOR_RULES = ('auto', 'sentence', 'newline', 'official')
@@ -74,12 +75,12 @@ class Tokenizer:
   """A SentencePiece model with the ids and separator table the rest of the library needs."""
 
   def __init__(self, path: str):
-    if not os.path.isfile(path):
+    if not epath.Path(path).is_file():  # a local file or a URL (gs://..., etils.epath)
       raise ValueError(f'tokenizer model file {path!r} does not exist')
     self.path = path
     self._sp = spm.SentencePieceProcessor()
     try:
-      self._sp.Load(path)
+      self._sp.LoadFromSerializedProto(epath.Path(path).read_bytes())
     except (OSError, RuntimeError) as e:
       raise ValueError(f'{path!r} is not a SentencePiece model: {e}') from e
 

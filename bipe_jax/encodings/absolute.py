@@ -10,6 +10,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bipe_jax.encodings import initializers
+
 
 def sinusoidal_embedding(positions_BxT: jax.Array, dim: int,
                          max_timescale: float = 10000.) -> jax.Array:
@@ -54,8 +56,8 @@ class LearnedPositionEmbedding(nn.Module):
       raise ValueError(f'num_positions must be positive, got {self.num_positions}.')
     table_NxD = self.param(
         'embedding',
-        nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
-                                     ('positions', 'embed')),
+        initializers.logically_partitioned(nn.initializers.normal(stddev=0.02),
+                                           ('positions', 'embed')),
         (self.num_positions, self.features), self.param_dtype)
     if self.zero_last_row:
       table_NxD = table_NxD.at[-1].set(0)

@@ -211,7 +211,7 @@ def format_tables(doc: dict) -> str:
 def workdir_accuracy(workdir: str, problems: dict, *, batch_size: int = 100) -> list:
   """Greedy accuracy of a training workdir's latest checkpoint on `problems` (by count)."""
   from bipe_jax.evaluation import arithmetic_accuracy as acc  # pylint: disable=g-import-not-at-top
-  from bipe_jax.evaluation import runs as runs_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_restore as runs_lib  # pylint: disable=g-import-not-at-top
   run = runs_lib.load_run(workdir)
   with run.context():
     return acc.accuracy_by_length(run.apply_fn(), run.params, problems, batch_size=batch_size)

@@ -115,7 +115,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
   """Writes config.json, config.py and an Orbax checkpoint of `params` (parameters only: no
   optimizer state, so converting needs the memory of the parameters alone) at `step`.
 
-  Evaluation and generation read it like a training run (bipe_jax.evaluation.runs.load_run);
+  Evaluation and generation read it like a training run (bipe_jax.run_restore.load_run);
   to train from it, start a new run with `--config.train.init_from=WORKDIR`. Returns the
   checkpoint directory.
   """
@@ -189,7 +189,7 @@ def hf_to_workdir(hf_dir: str, workdir: str, *,
 
 def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None) -> str:
   """Exports a bipe_jax workdir's latest (or `step`) checkpoint to a Hugging Face folder."""
-  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, step=step, attention_impl='dense')
   fields = dataclasses.asdict(run.model_config)
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top

@@ -4,13 +4,14 @@
   portable  the stock forms XLA's TPU / GPU compilers and GSPMD sharding propagation are built
             for: einsum projections differentiated by JAX, RoPE sin / cos computed in the
             program, `jax.nn.dot_product_attention` for the dense softmax core, no optimization
-            barriers, no custom primitives (kernels/portable.py).
+            barriers (no checkpointed SwiGLU either), no custom primitives (kernels/portable.py).
   cpu       the forms measured faster on this project's CPU host (kernels/cpu.py): 2-D
             projections with a weight-gradient primitive (cpu_matmul.py), RoPE tables computed
             on the host and gathered, a hand-written dense attention backward kept in the fast
-            matmul form by optimization barriers (cpu_attention.py), the lm-head loss reading
-            transposed hidden states; and the process set-up of a CPU run, single-threaded CPU
-            devices and glibc malloc kept (process_setup.py).
+            matmul form by optimization barriers (cpu_attention.py), a SwiGLU that recomputes
+            silu in the backward pass, the lm-head loss reading transposed hidden states; and
+            the process set-up of a CPU run, single-threaded CPU devices and glibc malloc kept
+            (process_setup.py).
   auto      'cpu' when the devices the step runs on are CPU devices, else 'portable'.
 
 Both paths compute the same values and gradients up to float rounding (tests/test_kernels.py).
@@ -22,6 +23,7 @@ is traced (`select`).
 
 A path is a module with the same functions (`select` returns it):
   project(equation, x, kernel)                 a projection einsum ('btd,dhk->bhtk', ...)
+  swiglu(gate, up)                             silu(gate) * up, the MLP's activation
   rope_cos_sin(positions_BxT, inv_freq, attention_scale, num_positions)
                                                (cos, sin) [B, 1, T, Dh] once per forward pass
   softmax_attention(q, k, v, bias, visible)    softmax(q.k + bias | visible) @ v, float32

@@ -19,6 +19,19 @@ project = cpu_matmul.matmul_einsum
 # The dense softmax core with a hand-written backward in XLA CPU's fast matmul form.
 softmax_attention = cpu_attention.softmax_attention
 
+@jax.checkpoint
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+  """silu(gate) * up, elementwise; its backward pass recomputes silu from gate and up.
+
+  Saving only the two inputs lets XLA compute the forward in one elementwise pass instead of
+  three (sigmoid, silu and the product, each kept for the backward pass): on this project's CPU
+  that is 3.6 -> 1.0 ms a layer at [2,048, 512], and the tiny training step 0.987x
+  (benchmarks/README.md). Values and gradients are those of the plain expression. (The
+  checkpoint puts an optimization barrier in the backward pass.)
+  """
+  return jax.nn.silu(gate) * up
+
+
 # Longest position range read from host-computed tables (`rope_cos_sin_lookup`): two float32
 # tables of [4096, Dh] are at most 4 MB of constants in the compiled program.
 MAX_TABLE_POSITIONS = 4096

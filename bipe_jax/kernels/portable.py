@@ -19,6 +19,11 @@ def project(equation: str, x: jax.Array, kernel: jax.Array) -> jax.Array:
   return jnp.einsum(equation, x, kernel)
 
 
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+  """silu(gate) * up, differentiated by JAX (the compiler fuses and rematerialises it)."""
+  return jax.nn.silu(gate) * up
+
+
 def rope_cos_sin(positions_BxT: jax.Array, inv_freq, attention_scale: float = 1.,
                  num_positions: Optional[int] = None) -> tuple[jax.Array, jax.Array]:
   """(cos, sin) float32 [B, 1, T, Dh] computed in the program (`rope.rope_cos_sin`);

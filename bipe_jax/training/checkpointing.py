@@ -37,6 +37,8 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+
+from bipe_jax import workdir_io
 from jax.experimental import multihost_utils
 
 
@@ -136,12 +138,13 @@ def _shape_table(tree) -> dict:
 def step_dirs(directory: str) -> dict[int, str]:
   """{step: folder} of the complete checkpoints in `directory` (Orbax step folders named by
   their number), without opening a CheckpointManager; {} when there is none."""
-  if not os.path.isdir(directory):
+  if not workdir_io.isdir(directory):
     return {}
   steps = {}
-  for name in os.listdir(directory):
+  for name in workdir_io.listdir(directory):
     tail = name.split('_')[-1]
-    if tail.isdigit() and os.path.isdir(os.path.join(directory, name)) and '.orbax' not in name:
+    if (tail.isdigit() and '.orbax' not in name
+        and workdir_io.isdir(os.path.join(directory, name))):
       steps[int(tail)] = os.path.join(directory, name)
   return steps
 
@@ -153,7 +156,7 @@ def params_only_step(directory: str) -> Optional[int]:
   if not steps:
     return None
   newest = max(steps)
-  items = set(os.listdir(steps[newest]))
+  items = set(workdir_io.listdir(steps[newest]))
   return newest if 'params' in items and 'state' not in items else None
 
 

@@ -74,7 +74,6 @@ def _chunk_nll(logits_NxV, targets_N):
   return (top[:, 0] + jnp.log(total[:, 0])) - target_logit, e, total
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def lm_head_nll_sum(hidden_BxTxD: jax.Array, kernel_DxV: jax.Array, targets_BxT: jax.Array,
                     weights_BxT: jax.Array, chunk_len: int, dtype=jnp.float32,
                     kernels: str = 'auto') -> jax.Array:
@@ -84,7 +83,28 @@ def lm_head_nll_sum(hidden_BxTxD: jax.Array, kernel_DxV: jax.Array, targets_BxT:
   float32; `chunk_len` positions (a divisor of T, see `chunk_length`) are done at a time.
   Differentiable in hidden, kernel and (floating-point) weights; targets are integer ids.
   `kernels`: the path (bipe_jax.kernels) whose form the kernel's gradient h^T @ d_logits takes.
+  Inside `jax.shard_map` the kernel and weights are first made to vary over the mesh axes
+  the hidden states vary over, so the kernel's gradient is summed over them (JAX's rule for a
+  replicated operand), as for a plain `hidden @ kernel`.
   """
+  kernel_DxV, weights_BxT = (_varying_like(x, hidden_BxTxD) for x in (kernel_DxV, weights_BxT))
+  return _nll_sum(hidden_BxTxD, kernel_DxV, targets_BxT, weights_BxT, chunk_len, dtype, kernels)
+
+
+def _varying_like(x: jax.Array, like: jax.Array) -> jax.Array:
+  """`x` made to vary over the shard_map axes `like` varies over: adding a zero that varies
+  as `like` does lets JAX insert the cast (outside shard_map XLA folds the + 0 away)."""
+  return x + jnp.zeros_like(like, x.dtype, shape=())
+
+
+def _zeros_varying_like(shape: tuple, like: jax.Array) -> jax.Array:
+  """float32 zeros that vary over the shard_map axes `like` varies over (plain zeros outside
+  one): a scan carry keeps one type through the loop."""
+  return jnp.zeros_like(like, jnp.float32, shape=shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _nll_sum(hidden_BxTxD, kernel_DxV, targets_BxT, weights_BxT, chunk_len, dtype, kernels):
   return _forward(hidden_BxTxD, kernel_DxV, targets_BxT, weights_BxT, chunk_len, dtype,
                   kernels)[0]
 
@@ -111,7 +131,7 @@ def _forward(hidden, kernel, targets, weights, chunk_len, dtype, kernels):
     return total + jnp.sum(nll * w), None
 
   chunks = _checked_chunks(hidden, targets, weights, chunk_len)
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), chunks)
+  total, _ = jax.lax.scan(body, _zeros_varying_like((), hidden), chunks)
   return total, None
 
 
@@ -135,7 +155,7 @@ def _forward_with_gradients(hidden, kernel, targets, weights, chunk_len, dtype, 
   h_chunks, t_chunks, w_chunks = _checked_chunks(hidden, targets, weights, chunk_len)
   # What else the kernel's gradient reads per chunk is the path's (on CPU: a transposed copy).
   extra_chunks = path.lm_head_scan_inputs(h_chunks)
-  init = (jnp.zeros((), jnp.float32), jnp.zeros(kernel.shape, jnp.float32))
+  init = (_zeros_varying_like((), hidden), _zeros_varying_like(kernel.shape, hidden))
   (total, d_kernel), (d_hidden, nll) = jax.lax.scan(
       body, init, (h_chunks, extra_chunks, t_chunks, w_chunks))
   unflat = lambda x: _from_chunks(x.reshape(t // chunk_len, b, chunk_len, *x.shape[2:]))
@@ -150,4 +170,4 @@ def _backward(chunk_len, dtype, kernels, residuals, g):
           nll * g.astype(nll.dtype))
 
 
-lm_head_nll_sum.defvjp(_forward_with_gradients, _backward)
+_nll_sum.defvjp(_forward_with_gradients, _backward)

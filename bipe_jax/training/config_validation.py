@@ -140,7 +140,7 @@ def derive_fields(config) -> None:
       section, name = source.split('.')
       value = int(config[section][name])
       if field == 'rope_original_length':  # a fine-tune extends its source's training length
-        value = init_from.source_seq_len(config.train.get('init_from', '')) or value
+        value = init_from.source_seq_len(config.train.init_from) or value
       with config.unlocked() if hasattr(config, 'unlocked') else _null():
         config.model[field] = value
 

@@ -23,7 +23,7 @@ peak of the device kind for the compute dtype — H100/H200 SXM: 989 TFLOP/s bfl
 TPU v4: 275, v5e: 197, v5p: 459, v6e: 918 (bfloat16; float32 matmuls on TPU run as bfloat16
 passes at default precision, so the same figure) — and on CPU the float32 matmul rate measured
 on the project's 2-core machine, 2e11 FLOP/s per host (machines of that kind measure 1.0e11 to
-3.8e11: /work/shared/PERFORMANCE.md; benchmarks/matmul_peak.py measures yours).
+3.8e11; benchmarks/matmul_peak.py measures yours).
 `train.peak_flops_per_device` > 0 overrides it.
 """
 

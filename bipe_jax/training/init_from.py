@@ -31,6 +31,8 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from bipe_jax import workdir_io
+
 
 class InitFromError(ValueError):
   """train.init_from cannot be used: the message names the path or the parameter."""
@@ -40,15 +42,15 @@ def parse_source(spec: str) -> tuple[str, int | None]:
   """'DIR' -> (DIR, None); 'DIR@123' -> (DIR, 123)."""
   match = re.fullmatch(r'(.+)@(\d+)', spec)
   path, step = (match.group(1), int(match.group(2))) if match else (spec, None)
-  return os.path.abspath(os.path.expanduser(path)), step
+  return workdir_io.absolute(path), step
 
 
 def _is_workdir(path: str) -> bool:
-  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
-  if not os.path.isfile(os.path.join(path, 'config.json')):
+  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
+  if not workdir_io.isfile(os.path.join(path, 'config.json')):
     return False
   try:
-    return os.path.isdir(runs.checkpoint_dir(path, runs.read_config(path)))
+    return workdir_io.isdir(runs.checkpoint_dir(path, runs.read_config(path)))
   except Exception:  # pylint: disable=broad-except  (an HF config.json is not ours)
     return False
 
@@ -60,10 +62,10 @@ def load_source_params(spec: str, *, separator_ids: Sequence[int] = ()) -> tuple
   not depend on them); the new run's resolved ids.
   """
   path, step = parse_source(spec)
-  if not os.path.isdir(path):
+  if not workdir_io.isdir(path):
     raise InitFromError(f'train.init_from={spec!r}: {path} is not a directory')
   if _is_workdir(path):
-    from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+    from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
     try:
       run = runs.load_run(path, step=step, attention_impl='dense')
     except runs.RunError as e:
@@ -89,7 +91,7 @@ def source_seq_len(spec: str) -> int | None:
   path, _ = parse_source(spec)
   if not _is_workdir(path):
     return None
-  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   return int(runs.read_config(path).data.seq_len)
 
 
@@ -125,15 +127,12 @@ def stream_mismatch(source_model, source_data, model, data) -> str | None:
 def _source_config(path: str, spec: str):
   """(model fields, data section or None) of the source at `path`; InitFromError when it is
   neither a bipe_jax run with a checkpoint nor a Hugging Face folder."""
-  import json  # pylint: disable=g-import-not-at-top
-  from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   if _is_workdir(path):
     config = runs.read_config(path)
     return config.model, config.data
-  hf_config = os.path.join(path, 'config.json')
   try:
-    with open(hf_config, encoding='utf-8') as f:
-      hf = json.load(f)
+    hf = workdir_io.read_json(os.path.join(path, 'config.json'))
   except (OSError, ValueError):
     hf = None
   if not isinstance(hf, dict) or 'hidden_size' not in hf:
@@ -167,7 +166,7 @@ def check_source(config) -> None:
     if source_data is None:
       raise InitFromError(f'train.init_from={spec!r}: a step (@{step}) needs a bipe_jax '
                           f'workdir, and {path} is a Hugging Face folder')
-    from bipe_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+    from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
     from bipe_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
     ckpt_dir = runs.checkpoint_dir(path, runs.read_config(path))
     steps = sorted(checkpointing.step_dirs(ckpt_dir))

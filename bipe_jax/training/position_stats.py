@@ -78,13 +78,13 @@ def resolve_inter_original_length(config, workdir: str, own_stats) -> str:
   from. `own_stats`: a callable returning this run's own stats (called only when needed)."""
   from bipe_jax.training import init_from  # pylint: disable=g-import-not-at-top
   saved = os.path.join(workdir, 'config.json')
-  if os.path.isfile(saved):
-    with open(saved, encoding='utf-8') as f:
-      recorded = int(json.load(f).get('model', {}).get('rope_original_length', 0))
+  record = run_record.read_json(saved)
+  if record is not None:
+    recorded = int(record.get('model', {}).get('rope_original_length', 0))
     if recorded:
       config.model.rope_original_length = recorded
       return f'{recorded} (recorded in {saved})'
-  spec = config.train.get('init_from', '')
+  spec = config.train.init_from
   if spec:
     source, _ = init_from.parse_source(spec)
     stats = read(source)

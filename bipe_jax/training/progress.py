@@ -20,6 +20,9 @@ import math
 import os
 import time
 
+from etils import epath
+
+from bipe_jax import workdir_io
 from bipe_jax.training import flops as flops_lib
 
 
@@ -59,10 +62,13 @@ class ProgressLogger:
     self._writer = None
     self._jsonl = None
     if enabled:
-      os.makedirs(workdir, exist_ok=True)
+      workdir_io.makedirs(workdir)
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      if not workdir_io.is_local(workdir):  # events through etils.epath, like every run file
+        _register_epath_event_writer(workdir.split(':')[0])
       self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      self._jsonl_path = os.path.join(workdir, 'metrics.jsonl')
+      self._jsonl = workdir_io.open_append(self._jsonl_path)
 
   def record(self, step: int, scalars: dict) -> dict | None:
     """Called once per finished step (in order) with its host scalars.
@@ -117,16 +123,14 @@ class ProgressLogger:
     trains them again: each step is then logged once); returns how many were dropped."""
     if not self.enabled:
       return 0
-    path = self._jsonl.name
+    path = self._jsonl_path
     self._jsonl.close()
-    with open(path, encoding='utf-8') as f:
+    with epath.Path(path).open('r') as f:
       lines = f.readlines()
     kept = [l for l in lines if l.strip() and json.loads(l).get('step', 0) <= step]
     if len(kept) != len(lines):
-      with open(path + '.tmp', 'w', encoding='utf-8') as f:
-        f.writelines(kept)
-      os.replace(path + '.tmp', path)
-    self._jsonl = open(path, 'a', encoding='utf-8')
+      workdir_io.write_text_atomic(path, ''.join(kept))
+    self._jsonl = workdir_io.open_append(path)
     return len(lines) - len(kept)
 
   def event(self, message: str):
@@ -139,3 +143,19 @@ class ProgressLogger:
       self._writer.close()
     if self._jsonl is not None:
       self._jsonl.close()
+
+
+class _EpathEventWriters:
+  """tensorboardX writer factory for a URL scheme (gs://...): event files through etils.epath
+  (tensorboardX's own gs:// writer needs google-cloud-storage)."""
+
+  def open(self, path):
+    return workdir_io.RewritingAppender(path, binary=True)
+
+  def directory_check(self, path):
+    workdir_io.makedirs(path)
+
+
+def _register_epath_event_writer(scheme: str):
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  record_writer.register_writer_factory(scheme, _EpathEventWriters())

@@ -21,12 +21,14 @@ import os
 import re
 from typing import Any
 
+from bipe_jax import workdir_io
+
 CONFIG_FILE = 'config.json'
 COMPARED_SECTIONS = ('model', 'data')
 # Fields of the compared sections that may differ on resume: they change neither the
 # parameters, nor the data a step sees, nor the numbers (up to float rounding).
 RESUMABLE_FIELDS = frozenset({
-    'model.attention_impl',  # dense | blockwise | cudnn compute the same attention
+    'model.attention_impl',  # dense | blockwise | cudnn | fused | pallas: the same attention
     'model.block_size',  # blockwise attention's tiling
     'model.remat',  # recompute activations instead of storing them
     'model.kernels',  # portable | cpu compute forms (bipe_jax.kernels): same numbers
@@ -45,23 +47,8 @@ def _plain(value: Any) -> Any:
   return json.loads(json.dumps(value, default=str))
 
 
-def read_json(path: str) -> dict | None:
-  """The JSON object in `path`, or None when there is no such file."""
-  if not os.path.isfile(path):
-    return None
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
-
-
-def write_text_atomic(path: str, text: str) -> str:
-  """Writes `text` to `path` through a temporary file (a reader never sees half a file);
-  creates the folder. Returns the path."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)
-  return path
+read_json = workdir_io.read_json  # local or gs:// (etils.epath), see bipe_jax/workdir_io.py
+write_text_atomic = workdir_io.write_text_atomic
 
 
 def read_saved_config(workdir: str) -> dict | None:

@@ -28,6 +28,7 @@ from jax.experimental import multihost_utils
 from bipe_jax import config as model_config_lib
 from bipe_jax import kernels
 from bipe_jax import run_tokenizer
+from bipe_jax import workdir_io
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import data_loading
@@ -39,6 +40,7 @@ from bipe_jax.training import position_stats
 from bipe_jax.training import progress
 from bipe_jax.training import run_record
 from bipe_jax.training import train_state as train_state_lib
+from bipe_jax.training import train_loop
 from bipe_jax.training import train_step as train_step_lib
 from bipe_jax.training import validation
 from bipe_jax.training import workdir_lock
@@ -219,7 +221,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
   except run_record.ResumeMismatchError as e:
     raise config_validation.ConfigError(str(e)) from None
   if is_main:
-    os.makedirs(workdir, exist_ok=True)
+    workdir_io.makedirs(workdir)
 
   tx = optimizer_lib.make_optimizer(t)
   schedule = optimizer_lib.learning_rate_schedule(t)
@@ -252,22 +254,22 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     logging.info('built data loader and checkpointer; restoring')
     restored = checkpointer.restore_latest(
         train_state_lib.abstract_with_shardings(abstract, shardings),
-        allow_fresh_start=bool(config.checkpoint.get('allow_fresh_start', False)))
+        allow_fresh_start=bool(config.checkpoint.allow_fresh_start))
     if restored is not None:
       start_step, state, data_state = restored
       if data_state is not None:  # None: a train state saved without a data position
         loader.set_state(data_state)
       logger.event(f'resumed from checkpoint step {start_step} in {ckpt_dir}'
                    + (' (train.init_from is used only by a fresh run)'
-                      if t.get('init_from', '') else ''))
+                      if t.init_from else ''))
     else:
       state, _ = train_state_lib.create_train_state(model, tx, mesh, seq_len, t.seed)
       start_step = 0
-      if t.get('init_from', ''):
+      if t.init_from:
         try:
           state, source = init_from_lib.with_source_params(
               state, t.init_from, shardings.params,
-              separator_ids=tuple(config.model.get('separator_ids', ())))
+              separator_ids=tuple(config.model.separator_ids))
         except init_from_lib.InitFromError as e:
           raise config_validation.ConfigError(str(e)) from None
         logger.event(f'parameters from {source}; optimizer state fresh, step 0')
@@ -282,70 +284,81 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
       logger.event(stats_message)
     step_fn = train_step_lib.make_train_step(
         model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps, pad_id=pad_id,
-        loss_chunk_tokens=t.get('loss_chunk_tokens', 0))
+        loss_chunk_tokens=t.loss_chunk_tokens)
 
-    losses = {}
-    saved = [s for s in checkpointer.all_steps()]
-    last_good = start_step if restored is not None else None
-    pending = None  # (step, device scalars) dispatched but not yet fetched
-    preempted = False
-    step = start_step
-
-    def fetch(item):
-      s, device_scalars = item
-      scalars = jax.device_get(device_scalars)
-      _check_finite(s, scalars, last_good, ckpt_dir)
-      losses[s] = float(scalars['loss'])
-      logger.record(s, scalars)
-
+    record = _Record(logger, checkpointer, loader, ckpt_dir,
+                     last_good=start_step if restored is not None else None,
+                     signal_name=lambda: preemption.signal_name or 'SIGTERM')
+    loop = train_loop.TrainLoop(
+        step_fn=step_fn,
+        next_batch=lambda: mesh_lib.global_batch(next(loader), mesh, t.batch_size),
+        scalars=train_loop.Scalars(record.consume, jax.device_get),
+        actions=_periodic_actions(config, record, validation_slice, model, mesh),
+        should_stop=preemption.reached,
+        on_first_dispatch=lambda: logging.info('first step dispatched'))
     with train_state_lib.mesh_context(mesh):
-      exhausted = False
-      for step in range(start_step + 1, t.steps + 1):
-        try:
-          rows = next(loader)
-        except StopIteration:  # a finite data.num_epochs ran out before train.steps
-          exhausted, step = True, step - 1
-          break
-        batch = mesh_lib.global_batch(rows, mesh, t.batch_size)
-        state, scalars = step_fn(state, batch)
-        if pending is not None:
-          fetch(pending)
-        elif step == start_step + 1:
-          logging.info('first step dispatched')
-        pending = (step, scalars)
-        preempted = preemption.reached(step)
-        if validation_slice is not None and (step % t.eval_every == 0 or step == t.steps):
-          if pending is not None:
-            fetch(pending)
-            pending = None
-          logger.validation(step, *validation_slice.evaluate(model, state.params, mesh))
-        if step % config.checkpoint.every_steps == 0 or step == t.steps or preempted:
-          if pending is not None:
-            fetch(pending)
-            pending = None
-          if checkpointer.save(step, state, loader.get_state(), force=True):
-            saved.append(step)
-          last_good = step
-        if preempted:
-          logger.event(f'preempted ({preemption.signal_name or "SIGTERM"}) at step {step}: '
-                       f'checkpoint saved in {ckpt_dir}; exiting. Run the same command to '
-                       f'resume.')
-          break
-      if pending is not None:
-        fetch(pending)
-      if exhausted:
-        if step > start_step and step not in saved:
-          if checkpointer.save(step, state, loader.get_state(), force=True):
-            saved.append(step)
-        logger.event(
-            f'the training data ended after data.num_epochs={config.data.num_epochs} '
-            f'epoch(s), at step {step} of {t.steps}: {step * t.batch_size * seq_len:,} tokens '
-            f'trained on in {step} steps; final checkpoint at step {step} in {ckpt_dir}')
+      end = loop.run(state, start_step, t.steps)
+      if end.exhausted:
+        record.data_ended(end, start_step, config)
   finally:
     preemption.close()
     checkpointer.close()
     if logger is not None:
       logger.close()
-  return TrainResult(step=step, start_step=start_step, losses=losses, preempted=preempted,
-                     checkpoint_steps=saved,
-                     stop_signal=(preemption.signal_name or 'SIGTERM') if preempted else None)
+  return TrainResult(step=end.step, start_step=start_step, losses=record.losses,
+                     preempted=end.stopped, checkpoint_steps=record.saved,
+                     stop_signal=record.signal_name() if end.stopped else None)
+
+
+class _Record:
+  """What the loop's actions keep: losses by step (each step's scalars checked for NaN/Inf and
+  logged), the checkpoint steps, the last step saved from a good state."""
+
+  def __init__(self, logger, checkpointer, loader, ckpt_dir: str, last_good: Optional[int],
+               signal_name: Callable[[], str]):
+    self.logger, self.checkpointer, self.loader, self.ckpt_dir = (logger, checkpointer, loader,
+                                                                  ckpt_dir)
+    self.signal_name = signal_name  # the signal that stopped the run
+    self.losses = {}
+    self.saved = list(checkpointer.all_steps())
+    self.last_good = last_good
+
+  def consume(self, step: int, scalars: dict):
+    _check_finite(step, scalars, self.last_good, self.ckpt_dir)
+    self.losses[step] = float(scalars['loss'])
+    self.logger.record(step, scalars)
+
+  def save(self, info: train_loop.StepInfo):
+    if self.checkpointer.save(info.step, info.state, self.loader.get_state(), force=True):
+      self.saved.append(info.step)
+    self.last_good = info.step
+
+  def stopped(self, info: train_loop.StepInfo):
+    self.logger.event(f'preempted ({self.signal_name()}) at step {info.step}: checkpoint saved '
+                      f'in {self.ckpt_dir}; exiting. Run the same command to resume.')
+
+  def data_ended(self, end: train_loop.LoopEnd, start_step: int, config):
+    """A finite data.num_epochs ran out before train.steps: save the step reached, say so."""
+    step, t = end.step, config.train
+    if step > start_step and step not in self.saved:
+      self.save(train_loop.StepInfo(step, end.state, last=False, stopping=False))
+    self.logger.event(
+        f'the training data ended after data.num_epochs={config.data.num_epochs} '
+        f'epoch(s), at step {step} of {t.steps}: {step * t.batch_size * config.data.seq_len:,} '
+        f'tokens trained on in {step} steps; final checkpoint at step {step} in {self.ckpt_dir}')
+
+
+def _periodic_actions(config, record: _Record, validation_slice, model, mesh) -> list:
+  """In order at a step: validation (every train.eval_every and at the end), checkpoint (every
+  checkpoint.every_steps, at the end and on preemption), the preemption notice."""
+  actions = []
+  if validation_slice is not None:
+    actions.append(train_loop.PeriodicAction(
+        'validation', every=config.train.eval_every, at_end=True, needs_scalars=True,
+        run=lambda info: record.logger.validation(
+            info.step, *validation_slice.evaluate(model, info.state.params, mesh))))
+  return actions + [
+      train_loop.PeriodicAction('checkpoint', record.save, every=config.checkpoint.every_steps,
+                                at_end=True, on_stop=True, needs_scalars=True),
+      train_loop.PeriodicAction('preemption', record.stopped, on_stop=True),
+  ]

@@ -4,7 +4,7 @@ The slice is the first `train.eval_tokens` tokens of the validation split's eval
 (bipe_jax.data.make_eval_blocks: documents in stored order, each with BOS) cut into
 non-overlapping blocks of `data.seq_len`, so every measurement of a run scores exactly the same
 targets and the numbers are comparable along the run (and with `eval/perplexity.py` at the
-training length on the same tokens). The scorer (bipe_jax.evaluation.perplexity) shards the
+training length on the same tokens). The scorer (bipe_jax.block_scoring) shards the
 blocks over the mesh's batch axes like training and is traced once.
 """
 
@@ -32,7 +32,7 @@ class ValidationSlice:
 
   def evaluate(self, model, params, mesh) -> tuple[float, int]:
     """(mean NLL per scored target, targets scored). Call inside the trainer's mesh context."""
-    from bipe_jax.evaluation import perplexity  # pylint: disable=g-import-not-at-top
+    from bipe_jax import block_scoring as perplexity  # pylint: disable=g-import-not-at-top
     if self._scorer is None:
       self._scorer = perplexity.make_batch_scorer(
           lambda p, tokens: model.apply({'params': p}, tokens), mesh)
@@ -45,11 +45,11 @@ class ValidationSlice:
 def make_validation_slice(config) -> ValidationSlice | None:
   """The slice for `config` (None when train.eval_every is 0)."""
   t = config.train
-  if not int(t.get('eval_every', 0)):
+  if not int(t.eval_every):
     return None
   from bipe_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   seq_len = int(config.data.seq_len)
-  eval_tokens = int(t.get('eval_tokens', 16384))
+  eval_tokens = int(t.eval_tokens)
   if eval_tokens < seq_len:
     raise ValidationSliceError(f'train.eval_tokens={eval_tokens} is invalid: must be at least '
                                f'data.seq_len={seq_len} (one block)')

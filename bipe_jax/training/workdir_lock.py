@@ -7,8 +7,9 @@ it; a second holder gets `WorkdirInUseError` naming the first. The kernel drops 
 process ends in any way (kill -9 included), so there is no stale lock to clean up; the file itself
 stays and only says who held it last.
 
-Only local paths are locked: on a remote filesystem (`gs://...`) flock does not exist and the
-lock is skipped. On multi-host runs only process 0 takes it (the others write no run files).
+Only local paths are locked: on a remote filesystem (`gs://...`) flock does not exist, so the
+lock is skipped with a one-line notice on stderr. On multi-host runs only process 0 takes it
+(the others write no run files).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import datetime
 import fcntl
 import os
 import socket
+import sys
+
+from bipe_jax import workdir_io
 
 LOCK_FILE = '.train.lock'
 
@@ -38,7 +42,12 @@ def hold(workdir: str, *, enabled: bool = True):
   Raises WorkdirInUseError, writing nothing, when another process (or another `hold` in this
   one) holds it.
   """
-  if not enabled or '://' in workdir:
+  if not enabled:
+    yield
+    return
+  if not workdir_io.is_local(workdir):
+    print(f'{workdir}: not a local folder, so the one-training-per-workdir lock is skipped '
+          '(start one training per workdir)', file=sys.stderr)
     yield
     return
   os.makedirs(workdir, exist_ok=True)

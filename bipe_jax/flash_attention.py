@@ -1,0 +1,225 @@
+"""Blockwise attention with a flash-style backward pass: training memory linear in T.
+
+`flash_blockwise_attention` is the body of `attention.blockwise_attention` for problems larger
+than one block (same arguments and contract: see attention.py's module docstring).
+
+Forward. Query blocks are a `lax.scan`; inside each, a `lax.scan` over key blocks keeps the
+running max / normaliser / weighted sum (online softmax) and skips, with `lax.cond`, every key
+block whose smallest causal index is above the largest query index of the block. Biases and
+transforms are evaluated per block from position slices, so no [T, T] array is ever built.
+
+Backward (`jax.custom_vjp`). The forward saves only its inputs (q, k, v padded to whole
+blocks, the bias / transform parameters), the output O [B, H, T, Dh] and the per-row
+log-sum-exp L [B, H, T, 1] of the final logits. The backward runs the same two scans (same
+causal block skipping) and recomputes, per block, the logits X (scores, bias, DAPE transform)
+with `jax.vjp`; with P = exp(X - L) on visible pairs and D = rowsum(dO * O):
+  dV += P^T dO,   dX = P * (dO V^T - D),   (dQ, dK, dparams) += vjp_X(dX),
+dK of a block covering its transform halo (DAPE V2: the 2 * (kernel // 2) neighbouring keys on
+each side, whose scores feed the block's convolution). dK, dV and the parameter gradients are
+float32 carries of the outer scan, dQ of the inner one: everything the backward keeps is
+O(T), whatever the encoding.
+
+What plain autodiff through the nested scans kept instead (measured with
+`jax.ad_checkpoint.print_saved_residuals` on the scan version this replaced, which
+rematerialised each key-block step with `jax.checkpoint`): per (query block, key block) pair
+the running row max m [B, H, bq, 1] (stacked [nqb, nkb, B, H, bq, 1] = B*H*T*(T/bk) floats)
+and the lax.cond predicate, plus per query block its carries. That is quadratic in T
+(the running sum and normaliser are not needed by the backward of the online softmax, the
+max is): an attention-only gradient at H=4, Dh=16, block 128 needed 3.1 / 5.0 / 10.1 /
+23.3 MiB of XLA temporaries at 1k / 2k / 4k / 8k tokens (benchmarks/README.md, section
+"Long-context training memory", has the whole training step).
+
+Parameters. `bias_fn` / `transform_fn` close over their parameters (the model builds them with
+`model._pure`); `jax.closure_convert` hoists every closed-over float value that may carry a
+gradient into an explicit argument of the custom VJP, so the public callback signatures stay
+as they are and the gradients of ALiBi-free biases (Kerple p / a, FIRE's MLP, T5's table,
+DAPE's weights) flow through the recomputed blocks.
+"""
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from bipe_jax import attention_blocks as blocks
+from bipe_jax.kernels.gqa_products import NEG_INF
+
+_F32 = jnp.float32
+
+
+def _grouped(x_BxHxQxN, g):
+  """[B, H, Q, N] -> [B, G, (H / G) * Q, N]: a GQA group's query heads merged into rows."""
+  b, h, nq, n = x_BxHxQxN.shape
+  return x_BxHxQxN.reshape(b, g, (h // g) * nq, n)
+
+
+def _add_at(acc, update, start, axis):
+  """acc with `update` added on [start, start + len) along `axis` (float32 accumulators)."""
+  size = update.shape[axis]
+  old = jax.lax.dynamic_slice_in_dim(acc, start, size, axis=axis)
+  return jax.lax.dynamic_update_slice_in_dim(acc, old + update.astype(acc.dtype), start, axis)
+
+
+def _tree_add(a, b):
+  return jax.tree.map(lambda x, y: x + y.astype(x.dtype), a, b)
+
+
+def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array,
+                              k_pos: jax.Array, q_streams: Any, k_streams: Any, bias_fn,
+                              transform_fn, transform_halo: int, k_valid: Optional[jax.Array],
+                              q_document: Optional[jax.Array],
+                              k_document: Optional[jax.Array], mask_fn, causal: bool,
+                              scale: float, block_size: int) -> jax.Array:
+  """Blockwise attention [B, H, Q, Dh] (q's dtype) with the linear-memory backward.
+
+  Arguments are those of `attention.blockwise_attention`, already checked; q_streams /
+  k_streams are not None (the caller substitutes the positions).
+  """
+  b, h, nq_tok, d = q.shape
+  g, nk_tok = k.shape[1], k.shape[2]
+  bq, bk = min(block_size, nq_tok), min(block_size, nk_tok)
+  nqb, nkb = -(-nq_tok // bq), -(-nk_tok // bk)
+  halo = transform_halo if transform_fn is not None else 0
+  bk_ext = bk + 2 * halo
+
+  # Queries: pad the tail; padded rows see nothing and are cropped at the end.
+  q_tail = nqb * bq - nq_tok
+  q_p = blocks.pad_axis(q, 2, 0, q_tail, 0)
+  q_pos_p = blocks.pad_axis(q_pos.astype(jnp.int32), 1, 0, q_tail, blocks.QPOS_PAD)
+  q_streams_p = jax.tree.map(lambda x: blocks.pad_axis(x, 1, 0, q_tail, 0), q_streams)
+  q_doc_p = None if q_document is None else blocks.pad_axis(q_document, 1, 0, q_tail, -1)
+
+  # Keys: `halo` on the left, halo + tail on the right; padded keys are out of range.
+  k_tail = nkb * bk - nk_tok
+  kpad = lambda x, value: blocks.pad_axis(x, 1 if x.ndim < 4 else 2, halo, halo + k_tail, value)
+  k_p, v_p = kpad(k, 0), kpad(v, 0)
+  k_pos_p = kpad(k_pos.astype(jnp.int32), blocks.POS_PAD)
+  k_in_range_p = kpad(jnp.ones((b, nk_tok), bool), False)
+  k_valid_p = k_in_range_p if k_valid is None else kpad(k_valid, False)
+  k_streams_p = jax.tree.map(lambda x: blocks.pad_axis(x, 1, halo, halo + k_tail, 0), k_streams)
+  k_doc_p = None if k_document is None else kpad(k_document, -2)
+
+  def q_block(i):
+    """The integer / boolean side data of query block i."""
+    sl = lambda x: blocks.slice_block(x, i * bq, bq, 1)
+    return dict(pos=sl(q_pos_p), streams=jax.tree.map(sl, q_streams_p),
+                doc=None if q_doc_p is None else sl(q_doc_p))
+
+  def k_block(j):
+    """The side data of key block j: widened by the halo ('_ext') and cropped."""
+    ext = lambda x: blocks.slice_block(x, j * bk, bk_ext, 1)
+    mid = lambda x: blocks.slice_block(x, j * bk + halo, bk, 1)
+    return dict(pos_ext=ext(k_pos_p), streams_ext=jax.tree.map(ext, k_streams_p),
+                valid_ext=ext(k_valid_p), pos=mid(k_pos_p),
+                streams=jax.tree.map(mid, k_streams_p), valid=mid(k_valid_p),
+                doc=None if k_doc_p is None else mid(k_doc_p))
+
+  def logits_of(q_blk, k_ext, qs, ks, *params):
+    """Pre-mask logits of one block, cropped to its bk keys: float32 [B, H, bq, bk]."""
+    logits = blocks.block_logits(q_blk, k_ext, qs['pos'], ks['pos_ext'], qs['streams'],
+                             ks['streams_ext'], ks['valid_ext'], scale=scale,
+                             bias_fn=bias_fn, transform_fn=transform_fn)
+    return jax.lax.slice_in_dim(logits, halo, halo + bk, axis=3)
+
+  # Hoist the parameters bias_fn / transform_fn close over into explicit arguments.
+  example = (blocks.slice_block(q_p, 0, bq, 2), blocks.slice_block(k_p, 0, bk_ext, 2), q_block(0), k_block(0))
+  block_logits, params = jax.closure_convert(logits_of, *example)
+
+  def visible(qs, ks):
+    return blocks.visible(qs['pos'], ks['pos'], causal, ks['valid'], qs['doc'], ks['doc'], mask_fn,
+                      qs['streams'], ks['streams'])
+
+  def key_blocks(step, carry, qs):
+    """Scans `step(carry, j, ks)` over the key blocks, skipping those above the diagonal."""
+
+    def body(carry, j):
+      ks = k_block(j)
+      if not causal:
+        return step(carry, j, ks), None
+      needed = jnp.min(ks['pos']) <= jnp.max(qs['pos'])
+      return jax.lax.cond(needed, lambda c: step(c, j, ks), lambda c: c, carry), None
+
+    return jax.lax.scan(body, carry, jnp.arange(nkb))[0]
+
+  def forward(q_p, k_p, v_p, params):
+    """(output [B, H, nqb * bq, Dh] in q's dtype, log-sum-exp [B, H, nqb * bq, 1] float32)."""
+
+    def query_step(_, i):
+      q_blk, qs = blocks.slice_block(q_p, i * bq, bq, 2), q_block(i)
+
+      def step(carry, j, ks):
+        m, l, acc = carry
+        logits = block_logits(q_blk, blocks.slice_block(k_p, j * bk, bk_ext, 2), qs, ks, *params)
+        vis = visible(qs, ks)
+        logits = jnp.where(vis, logits, NEG_INF)
+        m_new = jnp.maximum(m, jnp.max(logits, axis=-1, keepdims=True))
+        p = jnp.where(vis, jnp.exp(logits - m_new), 0.0)
+        corr = jnp.exp(m - m_new)
+        v_blk = blocks.slice_block(v_p, j * bk + halo, bk, 2)
+        pv = jnp.einsum('bgxk,bgkd->bgxd', _grouped(p, g).astype(v_p.dtype), v_blk,
+                        preferred_element_type=_F32).reshape(acc.shape)
+        return m_new, corr * l + jnp.sum(p, axis=-1, keepdims=True), corr * acc + pv
+
+      init = (jnp.full((b, h, bq, 1), NEG_INF, _F32), jnp.zeros((b, h, bq, 1), _F32),
+              jnp.zeros((b, h, bq, d), _F32))
+      m, l, acc = key_blocks(step, init, qs)
+      seen = l > 0.0  # rows with no visible key: output 0, log-sum-exp 0 (never used)
+      out = acc / jnp.where(seen, l, 1.0)
+      lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+      return None, (out.astype(q_p.dtype), lse)
+
+    _, (out_N, lse_N) = jax.lax.scan(query_step, None, jnp.arange(nqb))
+    unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(b, h, nqb * bq, x.shape[-1])
+    return unblock(out_N), unblock(lse_N)
+
+  def backward(q_p, k_p, v_p, params, out_p, lse_p, d_out_p):
+    """(dQ, dK, dV, dparams) from the saved output and log-sum-exp; blocks recomputed."""
+    delta_p = jnp.sum(d_out_p.astype(_F32) * out_p.astype(_F32), axis=-1, keepdims=True)
+
+    def query_step(carry, i):
+      sl = lambda x: blocks.slice_block(x, i * bq, bq, 2)
+      q_blk, qs = sl(q_p), q_block(i)
+      d_out_blk, lse_blk, delta_blk = sl(d_out_p), sl(lse_p), sl(delta_p)
+      d_out_g = _grouped(d_out_blk.astype(v_p.dtype), g)
+
+      def step(carry, j, ks):
+        d_q, d_k, d_v, d_params = carry
+        k_ext = blocks.slice_block(k_p, j * bk, bk_ext, 2)
+        logits, logits_vjp = jax.vjp(
+            lambda q_, k_, p_: block_logits(q_, k_, qs, ks, *p_), q_blk, k_ext, params)
+        vis = visible(qs, ks)
+        p = jnp.where(vis, jnp.exp(jnp.where(vis, logits, NEG_INF) - lse_blk), 0.0)
+        v_blk = blocks.slice_block(v_p, j * bk + halo, bk, 2)
+        p_g = _grouped(p, g).astype(v_p.dtype)
+        d_v_blk = jnp.einsum('bgxk,bgxd->bgkd', p_g, d_out_g, preferred_element_type=_F32)
+        d_p = jnp.einsum('bgxd,bgkd->bgxk', d_out_g, v_blk, preferred_element_type=_F32)
+        d_logits = p * (d_p.reshape(p.shape) - delta_blk)  # zero where not visible
+        dq_blk, dk_ext, dparams_blk = logits_vjp(d_logits)
+        return (d_q + dq_blk.astype(_F32), _add_at(d_k, dk_ext, j * bk, 2),
+                _add_at(d_v, d_v_blk, j * bk + halo, 2), _tree_add(d_params, dparams_blk))
+
+      d_k, d_v, d_params = carry
+      d_q, d_k, d_v, d_params = key_blocks(
+          step, (jnp.zeros(q_blk.shape, _F32), d_k, d_v, d_params), qs)
+      return (d_k, d_v, d_params), d_q
+
+    init = (jnp.zeros(k_p.shape, _F32), jnp.zeros(v_p.shape, _F32),
+            jax.tree.map(jnp.zeros_like, params))
+    (d_k, d_v, d_params), d_q_N = jax.lax.scan(query_step, init, jnp.arange(nqb))
+    d_q = jnp.moveaxis(d_q_N, 0, 2).reshape(q_p.shape)
+    return d_q.astype(q_p.dtype), d_k.astype(k_p.dtype), d_v.astype(v_p.dtype), d_params
+
+  @jax.custom_vjp
+  def attend(q_p, k_p, v_p, params):
+    return forward(q_p, k_p, v_p, params)[0]
+
+  def attend_fwd(q_p, k_p, v_p, params):
+    out_p, lse_p = forward(q_p, k_p, v_p, params)
+    return out_p, (q_p, k_p, v_p, params, out_p, lse_p)
+
+  def attend_bwd(residuals, d_out_p):
+    return backward(*residuals, d_out_p)
+
+  attend.defvjp(attend_fwd, attend_bwd)
+  out_p = attend(q_p, k_p, v_p, params)
+  return out_p[:, :, :nq_tok]

@@ -1,0 +1,139 @@
+"""The backward Pallas kernels: dQ (with the bias parameters' gradient) and dK / dV.
+
+Both recompute each tile's logits and bias (`forward.tile_logits`) and its probabilities from the
+forward's log-sum-exp, p = exp(s - lse), so nothing of size [Tq, Tk] is stored. With
+delta = rowsum(dO * O) (computed outside; it and the log-sum-exp are rows [B, H, 1, Tq]):
+  dS = p * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,  dV = p^T dO,
+  d params[h, :] = sum over tiles of `TileBias.param_grads(dS)`.
+dQ kernel: grid (B, H, query tiles, key tiles); it also writes each query tile's parameter
+  gradient [B, H * n_q_tiles, 1, P] (summed outside).
+dK / dV kernel: grid (B, G, key tiles, H / G, query tiles): the query heads of a KV group and
+  all query tiles accumulate into one key tile (GQA's sum over the group happens in VMEM).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from bipe_jax.pallas import forward as fwd
+from bipe_jax.pallas import layout
+
+_TRANS_A = (((0,), (0,)), ((), ()))  # contract the first axis of both operands
+
+
+def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, params_ref, *,
+                tile_bias, scale, causal):
+  """(p, dS) float32 [q, k] of one tile."""
+  s, vis = fwd.tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, tile_bias=tile_bias,
+                           scale=scale, causal=causal)
+  p = jnp.where(vis, jnp.exp(s - layout.row_to_column(lse_ref[...])), 0.0)
+  dp = jax.lax.dot_general(do_ref[...], v_ref[...], fwd._TRANS_B,
+                           preferred_element_type=jnp.float32)
+  return p, p * (dp - layout.row_to_column(delta_ref[...]))
+
+
+def _dq_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref,
+               ki_ref, params_ref, dq_ref, dparams_ref, dq_scr, dparams_scr, *, tile_bias, scale,
+               causal, n_q_tiles, n_k_tiles):
+  b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+
+  pl.when(j == 0)(lambda: fwd.zero(dq_scr, dparams_scr))
+
+  @pl.when(fwd.should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
+  def _compute():
+    _, ds = _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
+                        params_ref, tile_bias=tile_bias, scale=scale, causal=causal)
+    k = k_ref[...]
+    dq_scr[...] += jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32) * scale
+    dparams_scr[...] += tile_bias.param_grads(
+        params_ref[...], *layout.streams(qi_ref[...], ki_ref[...]), ds)
+
+  @pl.when(j == n_k_tiles - 1)
+  def _finish():
+    dq_ref[...] = dq_scr[...].astype(dq_ref.dtype)
+    dparams_ref[...] = dparams_scr[...]
+
+
+def _dkv_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref,
+                ki_ref, params_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, tile_bias, scale, causal,
+                n_q_tiles, n_k_tiles, group):
+  b, j, r, i = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
+
+  pl.when((r == 0) & (i == 0))(lambda: fwd.zero(dk_scr, dv_scr))
+
+  @pl.when(fwd.should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
+  def _compute():
+    p, ds = _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
+                        params_ref, tile_bias=tile_bias, scale=scale, causal=causal)
+    q, do = q_ref[...], do_ref[...]
+    dv_scr[...] += jax.lax.dot_general(p.astype(do.dtype), do, _TRANS_A,
+                                       preferred_element_type=jnp.float32)
+    dk_scr[...] += jax.lax.dot_general(ds.astype(q.dtype), q, _TRANS_A,
+                                       preferred_element_type=jnp.float32) * scale
+
+  @pl.when((r == group - 1) & (i == n_q_tiles - 1))
+  def _finish():
+    dk_ref[...] = dk_scr[...].astype(dk_ref.dtype)
+    dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
+
+
+def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, semantics, interpret, args):
+  return pl.pallas_call(
+      kernel,
+      grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=in_specs,
+                                             out_specs=out_specs, scratch_shapes=scratch),
+      out_shape=out_shape,
+      compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+      interpret=interpret,
+  )(*args)
+
+
+def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias,
+             scale: float, causal: bool, block_q: int, block_k: int, interpret: bool):
+  """(dq, dk, dv in the inputs' dtypes, d params float32 [H, P]); shapes as `forward.forward`."""
+  b, h, tq, d = q.shape
+  g, tk = k.shape[1], k.shape[2]
+  r = h // g
+  n_q, n_k = tq // block_q, tk // block_k
+  num_params = params_HxP.shape[-1]
+  params = params_HxP.astype(jnp.float32)[:, None, :]
+  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)[:, :, None, :]
+  args = (q_max, k_min, q, k, v, d_out, lse, delta, q_info, k_info, params)
+  statics = dict(tile_bias=tile_bias, scale=scale, causal=causal, n_q_tiles=n_q, n_k_tiles=n_k)
+
+  def specs(tile_of):
+    """In-specs of `args` given tile_of(*grid) -> (batch, query tile, key tile, head)."""
+    qh = pl.BlockSpec((None, None, block_q, d),
+                      lambda *a: (tile_of(*a)[0], tile_of(*a)[3], tile_of(*a)[1], 0))
+    kv = pl.BlockSpec((None, None, block_k, d),
+                      lambda *a: (tile_of(*a)[0], jax.lax.div(tile_of(*a)[3], r),
+                                  tile_of(*a)[2], 0))
+    row = pl.BlockSpec((None, None, 1, block_q),
+                       lambda *a: (tile_of(*a)[0], tile_of(*a)[3], 0, tile_of(*a)[1]))
+    return [qh, kv, kv, qh, row, row,
+            *fwd.side_specs(block_q, block_k, num_params, tile_of)]
+
+  dq_tile = lambda bb, hh, i, j, *_: (bb, i, j, hh)
+  dq, dparams = _call(
+      functools.partial(_dq_kernel, **statics), (b, h, n_q, n_k), specs(dq_tile),
+      [pl.BlockSpec((None, None, block_q, d), lambda bb, hh, i, j, *_: (bb, hh, i, 0)),
+       pl.BlockSpec((None, None, 1, num_params),
+                    lambda bb, hh, i, j, *_: (bb, hh * n_q + i, 0, 0))],
+      [jax.ShapeDtypeStruct(q.shape, q.dtype),
+       jax.ShapeDtypeStruct((b, h * n_q, 1, num_params), jnp.float32)],
+      [pltpu.VMEM((block_q, d), jnp.float32), pltpu.VMEM((1, num_params), jnp.float32)],
+      ('parallel', 'parallel', 'parallel', 'arbitrary'), interpret, args)
+
+  dkv_tile = lambda bb, gg, j, rr, i, *_: (bb, i, j, gg * r + rr)
+  kv_out = pl.BlockSpec((None, None, block_k, d), lambda bb, gg, j, rr, i, *_: (bb, gg, j, 0))
+  dk, dv = _call(
+      functools.partial(_dkv_kernel, group=r, **statics), (b, g, n_k, r, n_q), specs(dkv_tile),
+      [kv_out, kv_out], [jax.ShapeDtypeStruct(k.shape, k.dtype),
+                         jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      [pltpu.VMEM((block_k, d), jnp.float32), pltpu.VMEM((block_k, d), jnp.float32)],
+      ('parallel', 'parallel', 'parallel', 'arbitrary', 'arbitrary'), interpret, args)
+  d_params = jnp.sum(dparams.reshape(b, h, n_q, num_params), axis=(0, 2))
+  return dq, dk, dv, d_params

@@ -1,0 +1,144 @@
+"""`pallas_attention`: the Pallas kernels behind bipe_jax.attention's contract, with a custom VJP.
+
+The forward saves only the output and the per-row log-sum-exp; the backward recomputes each
+tile's bias from the position slices (bipe_jax.pallas.backward). Memory is linear in T in both
+passes. Lowering: Mosaic on TPU; on CPU the same kernels run in Pallas interpret mode (chosen
+when the program is lowered, by `jax.lax.platform_dependent`, so a TPU program compiled ahead of
+time on a CPU host still gets Mosaic). There is no GPU (Triton) lowering: the kernels use the
+TPU grid spec (scalar prefetch, VMEM scratch accumulated across an "arbitrary" grid axis).
+"""
+
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from bipe_jax.pallas import backward as bwd
+from bipe_jax.pallas import forward as fwd
+from bipe_jax.pallas import layout
+from bipe_jax.pallas import sharding
+from bipe_jax.pallas.tile_bias import TileBias
+
+TPU_BLOCK = 128  # key tiles are lane-major on TPU: a multiple of 128 (or the whole padded axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  tile_bias: TileBias
+  scale: float
+  causal: bool
+  block_q: int
+  block_k: int
+  interpret: Optional[bool]  # None: interpret on CPU, Mosaic elsewhere
+
+  def run(self, kernel_fn, *args):
+    """kernel_fn(*args, interpret=...) in the mode of the platform the program is lowered for."""
+    kw = dict(tile_bias=self.tile_bias, scale=self.scale, causal=self.causal,
+              block_q=self.block_q, block_k=self.block_k)
+    if self.interpret is not None:
+      return kernel_fn(*args, interpret=self.interpret, **kw)
+    return jax.lax.platform_dependent(
+        *args, cpu=functools.partial(kernel_fn, interpret=True, **kw),
+        default=functools.partial(kernel_fn, interpret=False, **kw))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend(static, q, k, v, params, q_info, k_info, q_max, k_min):
+  return static.run(fwd.forward, q, k, v, params, q_info, k_info, q_max, k_min)[0]
+
+
+def _attend_fwd(static, q, k, v, params, q_info, k_info, q_max, k_min):
+  out, lse = static.run(fwd.forward, q, k, v, params, q_info, k_info, q_max, k_min)
+  return out, (q, k, v, params, q_info, k_info, q_max, k_min, out, lse)
+
+
+def _attend_bwd(static, residuals, d_out):
+  q, k, v, params, q_info, k_info, q_max, k_min, out, lse = residuals
+  dq, dk, dv, d_params = static.run(bwd.backward, q, k, v, out, lse, d_out, params, q_info,
+                                    k_info, q_max, k_min)
+  return dq, dk, dv, d_params.astype(params.dtype), None, None, None, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def _block(requested: int, length: int) -> int:
+  """The tile: `requested`, or the whole axis padded to 8 when that is shorter."""
+  return min(requested, layout.round_up(length, 8))
+
+
+def pallas_attention(q_BxHxQxDh: jax.Array,
+                     k_BxGxKxDh: jax.Array,
+                     v_BxGxKxDh: jax.Array,
+                     *,
+                     q_pos: jax.Array,
+                     k_pos: jax.Array,
+                     q_streams: Optional[jax.Array] = None,
+                     k_streams: Optional[jax.Array] = None,
+                     tile_bias: TileBias = TileBias(),
+                     bias_params_HxP: Optional[jax.Array] = None,
+                     k_valid: Optional[jax.Array] = None,
+                     q_document: Optional[jax.Array] = None,
+                     k_document: Optional[jax.Array] = None,
+                     causal: bool = True,
+                     scale: Optional[float] = None,
+                     block_q: int = TPU_BLOCK,
+                     block_k: int = TPU_BLOCK,
+                     interpret: Optional[bool] = None,
+                     batch_axes: sharding.Axes = None,
+                     head_axes: sharding.Axes = None) -> jax.Array:
+  """Attention with an on-the-fly bias; [B, H, Q, Dh] in q's dtype, equal to
+  `bipe_jax.attention.dense_attention` with the matching bias_fn (values and gradients).
+
+  q_pos / k_pos [B, Q] / [B, K]: causal indices; q_streams / k_streams: the one int stream the
+  bias reads (token or inter index; default the causal indices); tile_bias / bias_params_HxP:
+  the bias kind and its per-head parameters (bipe_jax.pallas.tile_bias; zeros for 'none'); masks
+  as bipe_jax.attention. Ragged lengths are padded to the tiles inside. block_k must be a
+  multiple of 128 on TPU when K is longer than it. Under a mesh, the kernels run per shard:
+  rows over the mesh axes `batch_axes`, heads over `head_axes` (bipe_jax.pallas.sharding).
+  """
+  q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
+  b, h, nq, d = q.shape
+  g, nk = k.shape[1], k.shape[2]
+  if q.ndim != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d or h % g:
+    raise ValueError(f'pallas attention: q [B, H, Q, Dh] and k, v [B, G, K, Dh] with G dividing '
+                     f'H; got {q.shape}, {k.shape}, {v.shape}.')
+  if (q_streams is None) != (k_streams is None) or (q_document is None) != (k_document is None):
+    raise ValueError('pallas attention: q_streams / k_streams and q_document / k_document '
+                     'must each be given together.')
+  if jax.default_backend() == 'gpu' and interpret is None:
+    raise ValueError("attention_impl='pallas' has a TPU (Mosaic) lowering only; on GPU use "
+                     "'blockwise' or 'cudnn'.")
+  if bias_params_HxP is None:
+    bias_params_HxP = jnp.zeros((h, tile_bias.num_params), jnp.float32)
+  tile_bias.check_params(bias_params_HxP, h)
+  if q_streams is None:
+    q_streams, k_streams = q_pos, k_pos
+  arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, q_pos=q_pos, k_pos=k_pos,
+                q_streams=q_streams, k_streams=k_streams, k_valid=k_valid,
+                q_document=q_document, k_document=k_document)
+  arrays = {name: x for name, x in arrays.items() if x is not None}
+  run = functools.partial(_run_on_shard, tile_bias=tile_bias, causal=causal, scale=scale,
+                          block_q=block_q, block_k=block_k, interpret=interpret)
+  return sharding.per_shard(run, arrays, num_heads=h, num_kv_heads=g, batch_axes=batch_axes,
+                            head_axes=head_axes)
+
+
+def _run_on_shard(a: dict, *, tile_bias, causal, scale, block_q, block_k, interpret):
+  """pallas_attention on one shard's arrays (`a`: the non-None arguments by name)."""
+  q, k, v = a['q'], a['k'], a['v']
+  nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
+  bq, bk = _block(block_q, nq), _block(block_k, nk)
+  tq, tk = layout.round_up(nq, bq), layout.round_up(nk, bk)
+  q_info = layout.query_info(a['q_pos'], a['q_streams'], a.get('q_document'), tq)
+  k_info = layout.key_info(a['k_pos'], a['k_streams'], a.get('k_document'), a.get('k_valid'),
+                           tk)
+  q_max, k_min = layout.block_ranges(q_info, k_info, bq, bk)
+  scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+  static = _Static(tile_bias, scale, causal, bq, bk, interpret)
+  out = _attend(static, layout.pad_to(q, 2, tq, 0), layout.pad_to(k, 2, tk, 0),
+                layout.pad_to(v, 2, tk, 0), a['params'], q_info, k_info, q_max, k_min)
+  return out[:, :, :nq]

@@ -1,0 +1,125 @@
+"""The forward Pallas kernel: online-softmax attention with the bias computed per tile.
+
+Grid (B, H, query tiles, key tiles), key tiles innermost ("arbitrary"): the running max `m`,
+normaliser `l` and weighted sum live in VMEM scratch across the key tiles of one query tile.
+A key tile whose smallest causal index exceeds the query tile's largest is skipped (scalar
+prefetch of `layout.block_ranges`). Outputs the attention [B, H, Tq, Dh] and the per-row
+log-sum-exp [B, H, 1, Tq] (0 for a row that sees no key), the only residual the backward needs;
+it is stored as a row because a [.., Tq, 1] array is padded to 128 lanes in TPU memory.
+GQA: query head h reads KV head h // (H / G).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from bipe_jax.kernels.gqa_products import NEG_INF
+from bipe_jax.pallas import layout
+from bipe_jax.pallas.tile_bias import TileBias
+
+_TRANS_B = (((1,), (1,)), ((), ()))  # contract the last axis of both operands
+
+
+def tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, *, tile_bias: TileBias, scale: float,
+                causal: bool):
+  """(masked logits float32 [q, k], visible bool [q, k]) of one (query tile, key tile, head)."""
+  s = jax.lax.dot_general(q_ref[...], k_ref[...], _TRANS_B,
+                          preferred_element_type=jnp.float32) * scale
+  qi, ki = qi_ref[...], ki_ref[...]
+  bias = tile_bias.bias(params_ref[...], *layout.streams(qi, ki))
+  if bias is not None:
+    s = s + bias
+  vis = layout.visible(qi, ki, causal)
+  return jnp.where(vis, s, NEG_INF), vis
+
+
+def zero(*refs) -> None:
+  """Sets float32 scratch refs to zero (the start of an accumulation)."""
+  for ref in refs:
+    ref[...] = jnp.zeros(ref.shape, jnp.float32)
+
+
+def should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal):
+  """Whether key tile j can be visible to query tile i of row b (always, without causality)."""
+  if not causal:
+    return True
+  return k_min_ref[b * n_k_tiles + j] <= q_max_ref[b * n_q_tiles + i]
+
+
+def _forward_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, params_ref,
+                    o_ref, lse_ref, m_scr, l_scr, acc_scr, *, tile_bias, scale, causal,
+                    n_q_tiles, n_k_tiles):
+  b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+
+  @pl.when(j == 0)
+  def _init():
+    m_scr[...] = jnp.full(m_scr.shape, NEG_INF, jnp.float32)
+    zero(l_scr, acc_scr)
+
+  @pl.when(should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
+  def _compute():
+    s, vis = tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, tile_bias=tile_bias,
+                         scale=scale, causal=causal)
+    m_prev = m_scr[...]
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    p = jnp.where(vis, jnp.exp(s - m_new), 0.0)
+    corr = jnp.exp(m_prev - m_new)
+    l_scr[...] = corr * l_scr[...] + jnp.sum(p, axis=1, keepdims=True)
+    v = v_ref[...]
+    acc_scr[...] = corr * acc_scr[...] + jnp.dot(p.astype(v.dtype), v,
+                                                  preferred_element_type=jnp.float32)
+    m_scr[...] = m_new
+
+  @pl.when(j == n_k_tiles - 1)
+  def _finish():
+    l = l_scr[...]
+    seen = l > 0.0
+    o_ref[...] = (acc_scr[...] / jnp.where(seen, l, 1.0)).astype(o_ref.dtype)
+    lse = jnp.where(seen, m_scr[...] + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+    lse_ref[...] = layout.column_to_row(lse)
+
+
+def side_specs(block_q: int, block_k: int, num_params: int, tile_of):
+  """BlockSpecs of q_info, k_info and the [H, 1, P] params; `tile_of(*grid_indices)` gives the
+  (batch, query tile, key tile, head) a grid step reads."""
+  pick = lambda *idx: lambda *a: tuple(tile_of(*a)[n] if isinstance(n, int) and n >= 0 else 0
+                                       for n in idx)
+  return [pl.BlockSpec((None, block_q, layout.INFO), pick(0, 1, -1)),
+          pl.BlockSpec((None, layout.INFO, block_k), pick(0, -1, 2)),
+          pl.BlockSpec((None, 1, num_params), pick(3, -1, -1))]
+
+
+def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias: TileBias,
+            scale: float, causal: bool, block_q: int, block_k: int, interpret: bool):
+  """(out [B, H, Tq, Dh] in q's dtype, lse float32 [B, H, 1, Tq]); Tq, Tk multiples of the
+  blocks (pad first: bipe_jax.pallas.layout)."""
+  b, h, tq, d = q.shape
+  g, tk = k.shape[1], k.shape[2]
+  r = h // g
+  n_q, n_k = tq // block_q, tk // block_k
+  params = params_HxP.astype(jnp.float32)[:, None, :]
+  kernel = functools.partial(_forward_kernel, tile_bias=tile_bias, scale=scale, causal=causal,
+                             n_q_tiles=n_q, n_k_tiles=n_k)
+  q_spec = pl.BlockSpec((None, None, block_q, d), lambda bb, hh, i, j, *_: (bb, hh, i, 0))
+  kv_spec = pl.BlockSpec((None, None, block_k, d), lambda bb, hh, i, j, *_: (bb, jax.lax.div(hh, r), j, 0))
+  sides = side_specs(block_q, block_k, params.shape[-1], lambda bb, hh, i, j, *_: (bb, i, j, hh))
+  lse_spec = pl.BlockSpec((None, None, 1, block_q), lambda bb, hh, i, j, *_: (bb, hh, 0, i))
+  return pl.pallas_call(
+      kernel,
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=2,
+          grid=(b, h, n_q, n_k),
+          in_specs=[q_spec, kv_spec, kv_spec, *sides],
+          out_specs=[q_spec, lse_spec],
+          scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32),
+                          pltpu.VMEM((block_q, 1), jnp.float32),
+                          pltpu.VMEM((block_q, d), jnp.float32)]),
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((b, h, 1, tq), jnp.float32)],
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')),
+      interpret=interpret,
+  )(q_max, k_min, q, k, v, q_info, k_info, params)

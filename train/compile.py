@@ -1,0 +1,46 @@
+"""Compile the training step for a TPU slice on this host (no TPU needed) and print per-chip
+memory, FLOPs and collectives:
+
+  python train/compile.py --config=configs/paper_151m.py:bipe_rope --topology=v5e:2x4
+
+Takes train/main.py's --config flags (--config.model.remat=full, ...). Needs the TPU compiler
+(pip install -r requirements-tpu.txt). Exit codes: 0 the step fits every chip's HBM, 1 it does
+not (one line naming what would help), 2 a bad flag, config or topology. All logic lives in
+bipe_jax.training.aot_compile.
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)  # so config files can `from configs import base`
+
+from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py).',
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x4',
+                                'TPU topology: v5e:2x4, v4:2x2x1, v5p:2x2x1, v6e:2x2, ...')
+_NUM_SLICES = flags.DEFINE_integer('num_slices', 1, 'Number of slices of that topology '
+                                   '(multislice; the mesh spans all their chips).')
+_EVAL_LENGTHS = flags.DEFINE_list('eval_lengths', [], 'Also compile the evaluation forward at '
+                                  'these lengths (comma-separated).')
+_EVAL_BATCH = flags.DEFINE_integer('eval_batch_size', 0, 'Rows per evaluation batch '
+                                   '(0 = train.batch_size).')
+_OUTPUT = flags.DEFINE_string('output', '', 'Write the figures as JSON to this file.')
+flags.mark_flags_as_required(['config'])
+
+
+def main(argv):
+  del argv
+  from bipe_jax.training import compile_cli  # pylint: disable=g-import-not-at-top
+  sys.exit(compile_cli.run(_CONFIG.value, _TOPOLOGY.value, num_slices=_NUM_SLICES.value,
+                           eval_lengths=_EVAL_LENGTHS.value, eval_batch_size=_EVAL_BATCH.value,
+                           output=_OUTPUT.value))
+
+
+if __name__ == '__main__':
+  cli.run(main)  # a CPU host: JAX's CPU platform, no TPU probe (bipe_jax.platforms)
