@@ -107,7 +107,8 @@ def _table(results, target):
   rows = []
   for r in results:
     if 'temp_bytes' not in r:
-      rows.append([r['label'], r['encoding'], r['length'], r.get('error', '?'), '', '', ''])
+      rows.append([r['label'], r['encoding'], r['length'], r.get('error', '?')]
+                  + [''] * (3 if target == 'cpu' else 1))
       continue
     ratio = ''
     if r['length'] == 16384:
@@ -116,11 +117,13 @@ def _table(results, target):
         ratio = f'{r["temp_bytes"] / base["temp_bytes"]:.2f}x temp'
         if target == 'cpu':
           ratio += f', {r["peak_rss"] / base["peak_rss"]:.2f}x peak RSS'
-    rss = [mib(r['setup_rss']), mib(r['peak_rss'])] if target == 'cpu' else ['-', '-']
+    rss = [mib(r['setup_rss']), mib(r['peak_rss'])] if target == 'cpu' else []
     rows.append([r['label'], r['encoding'], r['length'], mib(r['temp_bytes'])] + rss + [ratio])
-  temp = 'XLA temporaries per chip (MiB)' if target == 'tpu' else 'XLA temporaries (MiB)'
-  return common.markdown_table(['code', 'encoding', 'tokens', temp, 'RSS before the step (MiB)',
-                                'peak RSS (MiB)', '16k / 4k'], rows)
+  if target == 'tpu':
+    headers = ['XLA temporaries per chip (MiB)']
+  else:
+    headers = ['XLA temporaries (MiB)', 'RSS before the step (MiB)', 'peak RSS (MiB)']
+  return common.markdown_table(['code', 'encoding', 'tokens'] + headers + ['16k / 4k'], rows)
 
 
 def main(argv=None) -> None:

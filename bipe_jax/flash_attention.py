@@ -99,20 +99,26 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
   k_streams_p = jax.tree.map(lambda x: blocks.pad_axis(x, 1, halo, halo + k_tail, 0), k_streams)
   k_doc_p = None if k_document is None else kpad(k_document, -2)
 
-  def q_block(i):
+  # The positions, streams and masks travel as explicit (non-differentiated) arguments of the
+  # custom VJP below, never as closed-over values: closed-over tracers of an enclosing
+  # transformation (nn.scan over layers, shard_map) would leak into the backward pass.
+  side = dict(q_pos=q_pos_p, q_streams=q_streams_p, q_doc=q_doc_p, k_pos=k_pos_p,
+              k_streams=k_streams_p, k_valid=k_valid_p, k_doc=k_doc_p)
+
+  def q_block(side, i):
     """The integer / boolean side data of query block i."""
     sl = lambda x: blocks.slice_block(x, i * bq, bq, 1)
-    return dict(pos=sl(q_pos_p), streams=jax.tree.map(sl, q_streams_p),
-                doc=None if q_doc_p is None else sl(q_doc_p))
+    return dict(pos=sl(side['q_pos']), streams=jax.tree.map(sl, side['q_streams']),
+                doc=None if side['q_doc'] is None else sl(side['q_doc']))
 
-  def k_block(j):
+  def k_block(side, j):
     """The side data of key block j: widened by the halo ('_ext') and cropped."""
     ext = lambda x: blocks.slice_block(x, j * bk, bk_ext, 1)
     mid = lambda x: blocks.slice_block(x, j * bk + halo, bk, 1)
-    return dict(pos_ext=ext(k_pos_p), streams_ext=jax.tree.map(ext, k_streams_p),
-                valid_ext=ext(k_valid_p), pos=mid(k_pos_p),
-                streams=jax.tree.map(mid, k_streams_p), valid=mid(k_valid_p),
-                doc=None if k_doc_p is None else mid(k_doc_p))
+    return dict(pos_ext=ext(side['k_pos']), streams_ext=jax.tree.map(ext, side['k_streams']),
+                valid_ext=ext(side['k_valid']), pos=mid(side['k_pos']),
+                streams=jax.tree.map(mid, side['k_streams']), valid=mid(side['k_valid']),
+                doc=None if side['k_doc'] is None else mid(side['k_doc']))
 
   def logits_of(q_blk, k_ext, qs, ks, *params):
     """Pre-mask logits of one block, cropped to its bk keys: float32 [B, H, bq, bk]."""
@@ -122,18 +128,19 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
     return jax.lax.slice_in_dim(logits, halo, halo + bk, axis=3)
 
   # Hoist the parameters bias_fn / transform_fn close over into explicit arguments.
-  example = (blocks.slice_block(q_p, 0, bq, 2), blocks.slice_block(k_p, 0, bk_ext, 2), q_block(0), k_block(0))
+  example = (blocks.slice_block(q_p, 0, bq, 2), blocks.slice_block(k_p, 0, bk_ext, 2), q_block(side, 0),
+             k_block(side, 0))
   block_logits, params = jax.closure_convert(logits_of, *example)
 
   def visible(qs, ks):
     return blocks.visible(qs['pos'], ks['pos'], causal, ks['valid'], qs['doc'], ks['doc'], mask_fn,
                       qs['streams'], ks['streams'])
 
-  def key_blocks(step, carry, qs):
+  def key_blocks(side, step, carry, qs):
     """Scans `step(carry, j, ks)` over the key blocks, skipping those above the diagonal."""
 
     def body(carry, j):
-      ks = k_block(j)
+      ks = k_block(side, j)
       if not causal:
         return step(carry, j, ks), None
       needed = jnp.min(ks['pos']) <= jnp.max(qs['pos'])
@@ -141,11 +148,11 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
 
     return jax.lax.scan(body, carry, jnp.arange(nkb))[0]
 
-  def forward(q_p, k_p, v_p, params):
+  def forward(q_p, k_p, v_p, params, side):
     """(output [B, H, nqb * bq, Dh] in q's dtype, log-sum-exp [B, H, nqb * bq, 1] float32)."""
 
     def query_step(_, i):
-      q_blk, qs = blocks.slice_block(q_p, i * bq, bq, 2), q_block(i)
+      q_blk, qs = blocks.slice_block(q_p, i * bq, bq, 2), q_block(side, i)
 
       def step(carry, j, ks):
         m, l, acc = carry
@@ -162,7 +169,7 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
 
       init = (jnp.full((b, h, bq, 1), NEG_INF, _F32), jnp.zeros((b, h, bq, 1), _F32),
               jnp.zeros((b, h, bq, d), _F32))
-      m, l, acc = key_blocks(step, init, qs)
+      m, l, acc = key_blocks(side, step, init, qs)
       seen = l > 0.0  # rows with no visible key: output 0, log-sum-exp 0 (never used)
       out = acc / jnp.where(seen, l, 1.0)
       lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
@@ -172,13 +179,13 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
     unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(b, h, nqb * bq, x.shape[-1])
     return unblock(out_N), unblock(lse_N)
 
-  def backward(q_p, k_p, v_p, params, out_p, lse_p, d_out_p):
+  def backward(q_p, k_p, v_p, params, side, out_p, lse_p, d_out_p):
     """(dQ, dK, dV, dparams) from the saved output and log-sum-exp; blocks recomputed."""
     delta_p = jnp.sum(d_out_p.astype(_F32) * out_p.astype(_F32), axis=-1, keepdims=True)
 
     def query_step(carry, i):
       sl = lambda x: blocks.slice_block(x, i * bq, bq, 2)
-      q_blk, qs = sl(q_p), q_block(i)
+      q_blk, qs = sl(q_p), q_block(side, i)
       d_out_blk, lse_blk, delta_blk = sl(d_out_p), sl(lse_p), sl(delta_p)
       d_out_g = _grouped(d_out_blk.astype(v_p.dtype), g)
 
@@ -200,26 +207,28 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
 
       d_k, d_v, d_params = carry
       d_q, d_k, d_v, d_params = key_blocks(
-          step, (jnp.zeros(q_blk.shape, _F32), d_k, d_v, d_params), qs)
+          side, step, (jnp.zeros(q_blk.shape, _F32), d_k, d_v, d_params), qs)
       return (d_k, d_v, d_params), d_q
 
     init = (jnp.zeros(k_p.shape, _F32), jnp.zeros(v_p.shape, _F32),
             jax.tree.map(jnp.zeros_like, params))
     (d_k, d_v, d_params), d_q_N = jax.lax.scan(query_step, init, jnp.arange(nqb))
     d_q = jnp.moveaxis(d_q_N, 0, 2).reshape(q_p.shape)
-    return d_q.astype(q_p.dtype), d_k.astype(k_p.dtype), d_v.astype(v_p.dtype), d_params
+    no_side_cotangents = jax.tree.map(lambda _: None, side)
+    return (d_q.astype(q_p.dtype), d_k.astype(k_p.dtype), d_v.astype(v_p.dtype), d_params,
+            no_side_cotangents)
 
   @jax.custom_vjp
-  def attend(q_p, k_p, v_p, params):
-    return forward(q_p, k_p, v_p, params)[0]
+  def attend(q_p, k_p, v_p, params, side):
+    return forward(q_p, k_p, v_p, params, side)[0]
 
-  def attend_fwd(q_p, k_p, v_p, params):
-    out_p, lse_p = forward(q_p, k_p, v_p, params)
-    return out_p, (q_p, k_p, v_p, params, out_p, lse_p)
+  def attend_fwd(q_p, k_p, v_p, params, side):
+    out_p, lse_p = forward(q_p, k_p, v_p, params, side)
+    return out_p, (q_p, k_p, v_p, params, side, out_p, lse_p)
 
   def attend_bwd(residuals, d_out_p):
     return backward(*residuals, d_out_p)
 
   attend.defvjp(attend_fwd, attend_bwd)
-  out_p = attend(q_p, k_p, v_p, params)
+  out_p = attend(q_p, k_p, v_p, params, side)
   return out_p[:, :, :nq_tok]

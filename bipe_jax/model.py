@@ -49,6 +49,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bipe_jax import attention as attention_lib
+from bipe_jax import context_parallel
 from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax import remat as remat_lib
@@ -131,8 +132,12 @@ class Projection(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.param('kernel', initializers.logically_partitioned(_INIT, self.axes),
                         self.shape, jnp.float32)
-    project = kernels_lib.select(self.kernels).project
-    y = project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    path = kernels_lib.select(self.kernels)
+    if context_parallel.context_size() > 1:
+      # The cpu path's 2-D form merges the batch and sequence axes, which a context-sharded
+      # sequence cannot be merged into without gathering it: the einsum keeps them apart.
+      path = kernels_lib.select('portable')
+    y = path.project(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     return checkpoint_name(y, self.name)  # for model.remat's policies
 
 
@@ -284,7 +289,12 @@ class Attention(nn.Module):
       kwargs.update(plain_causal=True)
     if impl in ('dense', 'blockwise'):  # blockwise of one block is dense attention
       kwargs.update(kernels=cfg.kernels)
-    out_BxHxTxDh = attention_lib.attention_fn(impl)(q, k, v, **kwargs)
+    attend = attention_lib.attention_fn(impl)
+    if not self.decode and context_parallel.active(q.shape[2]):
+      # T sharded over the context mesh axis: local queries, all-gathered keys / values.
+      out_BxHxTxDh = context_parallel.gathered_kv_attention(attend, q, k, v, **kwargs)
+    else:
+      out_BxHxTxDh = attend(q, k, v, **kwargs)
     out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
                                               ('batch', 'heads', 'length', 'head_dim'))
     return proj('out', (h, dh, d), ('heads', 'head_dim', 'embed'), 'bhtk,hkd->btd')(out_BxHxTxDh)
@@ -388,7 +398,10 @@ class Transformer(nn.Module):
     the optional validity mask [B, T] (False = padding)."""
     cfg = self.config
     sep, docs = self._tables()
-    return positions_lib.bilevel_positions(
+    # With T sharded over a context mesh axis, each shard computes its own slice (equal).
+    compute = (context_parallel.global_positions if context_parallel.active(tokens_BxT.shape[1])
+               else positions_lib.bilevel_positions)
+    return compute(
         tokens_BxT, sep, document_start_table_V=docs,
         pad_id=cfg.pad_id if cfg.pad_id >= 0 else None,
         restart_at_documents=cfg.restart_at_documents, valid_BxT=valid_BxT)

@@ -88,13 +88,107 @@ def _exclusive_shift(x_BxT: jax.Array, fill) -> jax.Array:
   return jnp.concatenate([first, x_BxT[:, :-1]], axis=1)
 
 
+@flax.struct.dataclass
+class PositionCarry:
+  """What the streams of a chunk of a row need from the tokens before it; every field is [B].
+
+  `bilevel_positions(chunk, carry=c)` equals the chunk's slice of the streams of the whole row
+  when `c` summarises everything before the chunk. A chunk's own summary (`chunk_carry`) is
+  the carry after it from `PositionCarry.empty`; summaries of consecutive chunks combine with
+  `combine_carries` (associative), so the carry of a context-parallel shard is an exclusive
+  scan over the shards' summaries (bipe_jax/context_parallel.py).
+  """
+  valid: jax.Array  # int32, valid tokens before
+  seps: jax.Array  # int32, separators before
+  last_sep: jax.Array  # int32, valid-token count of the last separator before (-1: none)
+  docs: jax.Array  # int32, document starts before
+  doc_count: jax.Array  # int32, valid-token count of the last document start (0: none)
+  doc_seps: jax.Array  # int32, separators before the last document start (0: none)
+  first_is_doc: jax.Array  # int32, 1 if the row's first valid token starts a document, 0 if
+  #                           not, -1 while no valid token has been seen
+
+  @classmethod
+  def empty(cls, batch: int) -> 'PositionCarry':
+    """The carry at the start of a row."""
+    z = jnp.zeros((batch,), jnp.int32)
+    return cls(valid=z, seps=z, last_sep=z - 1, docs=z, doc_count=z, doc_seps=z,
+               first_is_doc=z - 1)
+
+
+def combine_carries(a: PositionCarry, b: PositionCarry) -> PositionCarry:
+  """The summary of chunk A followed by chunk B, from their summaries (any leading shape)."""
+  b_has_doc = b.docs > 0
+  return PositionCarry(
+      valid=a.valid + b.valid,
+      seps=a.seps + b.seps,
+      last_sep=jnp.where(b.last_sep >= 0, a.valid + b.last_sep, a.last_sep),
+      docs=a.docs + b.docs,
+      doc_count=jnp.where(b_has_doc, a.valid + b.doc_count, a.doc_count),
+      doc_seps=jnp.where(b_has_doc, a.seps + b.doc_seps, a.doc_seps),
+      first_is_doc=jnp.where(a.first_is_doc >= 0, a.first_is_doc, b.first_is_doc))
+
+
+def _token_flags(tokens_BxT, separator_table_V, document_start_table_V, pad_id, valid_BxT):
+  """(valid, is_sep, is_doc or None), bool [B, T], after the input checks."""
+  tokens_BxT = jnp.asarray(tokens_BxT)
+  if tokens_BxT.ndim != 2:
+    raise ValueError(f'tokens must be [B, T], got shape {tokens_BxT.shape}.')
+  if not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
+    raise ValueError(f'tokens must be integer ids, got dtype {tokens_BxT.dtype}.')
+  if pad_id is None:
+    valid = jnp.ones(tokens_BxT.shape, dtype=bool)
+  else:
+    valid = tokens_BxT != pad_id
+  if valid_BxT is not None:
+    valid = valid & jnp.asarray(valid_BxT, bool)
+  is_sep = _lookup(separator_table_V, tokens_BxT) & valid
+  is_doc = None
+  if document_start_table_V is not None:
+    is_doc = _lookup(document_start_table_V, tokens_BxT) & valid
+  return valid, is_sep, is_doc
+
+
+def chunk_carry(tokens_BxT: jax.Array,
+                separator_table_V,
+                *,
+                document_start_table_V=None,
+                pad_id: Optional[int] = None,
+                valid_BxT: Optional[jax.Array] = None) -> PositionCarry:
+  """The summary of a chunk of rows [B, T]: the carry after it, starting from an empty one."""
+  valid, is_sep, is_doc = _token_flags(tokens_BxT, separator_table_V, document_start_table_V,
+                                       pad_id, valid_BxT)
+  i32 = jnp.int32
+  count = jnp.cumsum(valid.astype(i32), axis=1, dtype=i32) - 1
+  seps_before = _exclusive_shift(jnp.cumsum(is_sep.astype(i32), axis=1, dtype=i32), 0)
+  last = lambda flags, x, none: jnp.max(jnp.where(flags, x, none), axis=1).astype(i32)
+  zeros = jnp.zeros(valid.shape[:1], i32)
+  if is_doc is None:
+    docs = doc_count = doc_seps = first_is_doc = zeros
+  else:
+    docs = jnp.sum(is_doc, axis=1, dtype=i32)
+    doc_count = last(is_doc, count, 0)
+    doc_seps = last(is_doc, seps_before, 0)
+    first_is_doc = _first_valid_flag(valid, is_doc)
+  return PositionCarry(
+      valid=jnp.sum(valid, axis=1, dtype=i32), seps=jnp.sum(is_sep, axis=1, dtype=i32),
+      last_sep=last(is_sep, count, -1), docs=docs, doc_count=doc_count, doc_seps=doc_seps,
+      first_is_doc=jnp.where(jnp.any(valid, axis=1), first_is_doc, -1))
+
+
+def _first_valid_flag(valid_BxT, flags_BxT) -> jax.Array:
+  """int32 [B]: flags at the first valid token of each row (flags[0] when none is valid)."""
+  first_valid = jnp.argmax(valid_BxT, axis=1)[:, None]
+  return jnp.take_along_axis(flags_BxT, first_valid, axis=1)[:, 0].astype(jnp.int32)
+
+
 def bilevel_positions(tokens_BxT: jax.Array,
                       separator_table_V,
                       *,
                       document_start_table_V=None,
                       pad_id: Optional[int] = None,
                       restart_at_documents: bool = False,
-                      valid_BxT: Optional[jax.Array] = None) -> BilevelPositions:
+                      valid_BxT: Optional[jax.Array] = None,
+                      carry: Optional[PositionCarry] = None) -> BilevelPositions:
   """Computes the bilevel position streams of a batch of token ids.
 
   Args:
@@ -107,48 +201,44 @@ def bilevel_positions(tokens_BxT: jax.Array,
       `document_start_table_V`). False = official BiPE.
     valid_BxT: optional bool [B, T], False at padding (e.g. the left padding of a batch of
       prompts of different lengths); combined with `pad_id`.
+    carry: optional `PositionCarry` of the tokens before these (the rows are then a chunk of
+      longer rows, e.g. one context-parallel shard); None = the rows start here.
 
   Returns:
     BilevelPositions with [B, T] int32 streams and the bool valid mask.
   """
-  tokens_BxT = jnp.asarray(tokens_BxT)
-  if tokens_BxT.ndim != 2:
-    raise ValueError(f'tokens must be [B, T], got shape {tokens_BxT.shape}.')
-  if not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
-    raise ValueError(f'tokens must be integer ids, got dtype {tokens_BxT.dtype}.')
   if restart_at_documents and document_start_table_V is None:
     raise ValueError('restart_at_documents=True needs document_start_table_V (the BOS ids).')
+  valid, is_sep, is_doc = _token_flags(tokens_BxT, separator_table_V, document_start_table_V,
+                                       pad_id, valid_BxT)
   i32 = jnp.int32
-
-  if pad_id is None:
-    valid = jnp.ones(tokens_BxT.shape, dtype=bool)
-  else:
-    valid = tokens_BxT != pad_id
-  if valid_BxT is not None:
-    valid = valid & jnp.asarray(valid_BxT, bool)
-  is_sep = _lookup(separator_table_V, tokens_BxT) & valid
+  if carry is None:
+    carry = PositionCarry.empty(valid.shape[0])
+  before = lambda x: x[:, None]  # a [B] carry field against [B, T]
 
   # Index of each token among the valid tokens of its row (pads do not count).
-  count = jnp.cumsum(valid.astype(i32), axis=1, dtype=i32) - 1
+  count = before(carry.valid) + jnp.cumsum(valid.astype(i32), axis=1, dtype=i32) - 1
   # Number of separators strictly before t, and the count of the last separator before t.
-  seps_before = _exclusive_shift(jnp.cumsum(is_sep.astype(i32), axis=1, dtype=i32), 0)
-  last_sep = _exclusive_shift(
-      jax.lax.cummax(jnp.where(is_sep, count, -1), axis=1), -1)
+  seps_before = before(carry.seps) + _exclusive_shift(
+      jnp.cumsum(is_sep.astype(i32), axis=1, dtype=i32), 0)
+  last_sep = jnp.maximum(before(carry.last_sep), _exclusive_shift(
+      jax.lax.cummax(jnp.where(is_sep, count, -1), axis=1), -1))
 
-  if document_start_table_V is None:
+  if is_doc is None:
     document = jnp.zeros_like(count)
     token, inter = count, seps_before
     segment_open = last_sep  # count of the token just before the segment start
   else:
-    is_doc = _lookup(document_start_table_V, tokens_BxT) & valid
-    starts_upto = jnp.cumsum(is_doc.astype(i32), axis=1, dtype=i32)
-    # A document start at the first valid token opens document 0, not 1.
-    first_valid = jnp.argmax(valid, axis=1)[:, None]
-    first_is_doc = jnp.take_along_axis(is_doc, first_valid, axis=1).astype(i32)
-    document = starts_upto - first_is_doc
+    starts_upto = before(carry.docs) + jnp.cumsum(is_doc.astype(i32), axis=1, dtype=i32)
+    # A document start at the row's first valid token opens document 0, not 1.
+    first_is_doc = jnp.where(carry.first_is_doc >= 0, carry.first_is_doc,
+                             _first_valid_flag(valid, is_doc))
+    document = starts_upto - before(first_is_doc)
     if restart_at_documents:
-      doc_count = jax.lax.cummax(jnp.where(is_doc, count, 0), axis=1)
-      doc_seps = jax.lax.cummax(jnp.where(is_doc, seps_before, 0), axis=1)
+      doc_count = jnp.maximum(before(carry.doc_count),
+                              jax.lax.cummax(jnp.where(is_doc, count, 0), axis=1))
+      doc_seps = jnp.maximum(before(carry.doc_seps),
+                             jax.lax.cummax(jnp.where(is_doc, seps_before, 0), axis=1))
       token = count - doc_count
       inter = seps_before - doc_seps
       segment_open = jnp.maximum(last_sep, doc_count - 1)

@@ -91,6 +91,7 @@ def mesh_defaults() -> ml_collections.ConfigDict:
   s = ml_collections.ConfigDict()
   s.data = -1  # -1 = the remaining devices
   s.fsdp = 1
+  s.context = 1  # > 1: the sequence is sharded over this many devices (context parallelism)
   s.tensor = 1
   return s
 

@@ -158,7 +158,7 @@ def test_eight_devices_reproduce_single_device_losses(dirs, baseline):
   workdir = str(dirs / 'mesh8')
   proc = run_cli(dirs, workdir, '--config.train.steps=6', '--config.mesh.data=2',
                  '--config.mesh.fsdp=2', '--config.mesh.tensor=2', devices=8)
-  assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2} on 8 devices" in proc.stdout
+  assert "mesh {'data': 2, 'fsdp': 2, 'context': 1, 'tensor': 2} on 8 devices" in proc.stdout
   assert_losses_match(read_losses(workdir), want, range(1, 7), rtol=2e-5)
 
 

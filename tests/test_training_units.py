@@ -108,15 +108,15 @@ def one_device_mesh():
 # ------------------------------------------------------------------ mesh and sharding
 
 def test_resolve_mesh_shape_fills_and_rejects():
-  assert mesh_lib.resolve_mesh_shape((-1, 2, 2), 8) == (2, 2, 2)
-  assert mesh_lib.resolve_mesh_shape((2, -1, 1), 8) == (2, 4, 1)
-  assert mesh_lib.resolve_mesh_shape((1, 1, 1), 1) == (1, 1, 1)
+  assert mesh_lib.resolve_mesh_shape((-1, 2, 1, 2), 8) == (2, 2, 1, 2)
+  assert mesh_lib.resolve_mesh_shape((2, -1, 1, 1), 8) == (2, 4, 1, 1)
+  assert mesh_lib.resolve_mesh_shape((1, 1, 1, 1), 1) == (1, 1, 1, 1)
   with pytest.raises(ValueError, match='does not divide the device count 8'):
-    mesh_lib.resolve_mesh_shape((-1, 3, 1), 8)
+    mesh_lib.resolve_mesh_shape((-1, 3, 1, 1), 8)
   with pytest.raises(ValueError, match='uses 4 devices but 8 are available'):
-    mesh_lib.resolve_mesh_shape((2, 2, 1), 8)
+    mesh_lib.resolve_mesh_shape((2, 2, 1, 1), 8)
   with pytest.raises(ValueError, match='at most one mesh axis may be -1'):
-    mesh_lib.resolve_mesh_shape((-1, -1, 1), 8)
+    mesh_lib.resolve_mesh_shape((-1, -1, 1, 1), 8)
 
 
 def test_logical_rules_map_params_and_activations():
@@ -124,9 +124,9 @@ def test_logical_rules_map_params_and_activations():
   assert nn.logical_to_mesh_axes(('vocab', 'embed'), rules) == P('tensor', 'fsdp')
   assert nn.logical_to_mesh_axes(('embed', 'heads', 'head_dim'), rules) == P('fsdp', 'tensor', None)
   assert nn.logical_to_mesh_axes(('embed', 'mlp'), rules) == P('fsdp', 'tensor')
-  # activations: batch takes (data, fsdp), so embed is left unsharded
+  # activations: batch takes (data, fsdp), length context, so embed is left unsharded
   assert nn.logical_to_mesh_axes(('batch', 'length', 'embed'), rules) == P(
-      ('data', 'fsdp'), None, None)
+      ('data', 'fsdp'), 'context', None)
 
 
 def test_fit_spec_replicates_dimensions_the_mesh_does_not_divide():

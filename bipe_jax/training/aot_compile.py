@@ -361,13 +361,12 @@ def _mesh(mesh_config, devices: list, num_slices: int):
   if num_slices == 1:
     return mesh_lib.make_mesh(mesh_config, devices)
   from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
-  shape = mesh_lib.resolve_mesh_shape(
-      (mesh_config.data, mesh_config.fsdp, mesh_config.tensor), len(devices))
+  shape = mesh_lib.resolve_mesh_shape(mesh_lib.mesh_sizes(mesh_config), len(devices))
   if shape[0] % num_slices:
     raise CompileError(f'--num_slices={num_slices}: the data axis spans the slices, so '
                        f'mesh.data ({shape[0]}) must be a multiple of it')
   grid = mesh_utils.create_hybrid_device_mesh(
-      (shape[0] // num_slices,) + shape[1:], (num_slices, 1, 1), devices)
+      (shape[0] // num_slices,) + shape[1:], (num_slices,) + (1,) * (len(shape) - 1), devices)
   auto = (jax.sharding.AxisType.Auto,) * len(mesh_lib.MESH_AXES)
   return jax.sharding.Mesh(grid, mesh_lib.MESH_AXES, axis_types=auto)
 

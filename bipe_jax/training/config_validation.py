@@ -70,15 +70,15 @@ def validate_checkpoint(c) -> None:
 def validate_mesh(config, device_count: int) -> tuple[int, ...]:
   """Checks the mesh against the device count and the global batch against the batch shards.
 
-  Returns the resolved mesh shape (data, fsdp, tensor).
+  Returns the resolved mesh shape (data, fsdp, context, tensor).
   """
   m = config.mesh
   for name in mesh_lib.MESH_AXES:
-    value = m[name]
+    value = m.get(name, 1)
     _require(isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or value == -1),
              f'mesh.{name}', value, 'must be a positive integer or -1 (fill with the rest)')
   try:
-    shape = mesh_lib.resolve_mesh_shape((m.data, m.fsdp, m.tensor), device_count)
+    shape = mesh_lib.resolve_mesh_shape(mesh_lib.mesh_sizes(m), device_count)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   t = config.train
@@ -87,6 +87,11 @@ def validate_mesh(config, device_count: int) -> tuple[int, ...]:
   _require(t.batch_size % (shards * accum) == 0, 'train.batch_size', t.batch_size,
            f'must be a multiple of the batch shards mesh.data*mesh.fsdp={shards} times '
            f'train.grad_accum_steps={accum} (= {shards * accum})')
+  context = shape[mesh_lib.MESH_AXES.index(mesh_lib.CONTEXT_AXIS)]
+  seq_len = config.data.seq_len
+  _require(isinstance(seq_len, int) and seq_len % context == 0, 'data.seq_len', seq_len,
+           f'must be a multiple of mesh.context={context} (each context shard holds '
+           f'seq_len / context tokens)')
   return shape
 
 

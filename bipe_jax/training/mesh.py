@@ -1,11 +1,13 @@
-"""The named device mesh (data, fsdp, tensor) and the logical-axis rules that map onto it.
+"""The named device mesh (data, fsdp, context, tensor) and the logical-axis rules that map onto it.
 
 Parameters and activations are annotated with *logical* axis names in the model (design.md:
 `vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `positions`; activations `batch`,
-`length`, `embed`, `heads`). `LOGICAL_AXIS_RULES` maps them onto the three mesh axes:
+`length`, `embed`, `heads`). `LOGICAL_AXIS_RULES` maps them onto the four mesh axes:
 
 - `data`: pure data parallelism (parameters replicated);
 - `fsdp`: data parallelism that also shards parameters and optimizer state along `embed`;
+- `context`: context (sequence) parallelism: the `length` axis of activations and batches
+  (bipe_jax/context_parallel.py computes positions and attention across its shards);
 - `tensor`: tensor parallelism over heads, MLP width and vocabulary.
 
 The rules are a priority list (flax.linen.partitioning): an array dimension takes the first
@@ -21,7 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-MESH_AXES = ('data', 'fsdp', 'tensor')
+MESH_AXES = ('data', 'fsdp', 'context', 'tensor')
+CONTEXT_AXIS = 'context'
 BATCH_AXES = ('data', 'fsdp')
 
 LOGICAL_AXIS_RULES = (
@@ -31,7 +34,7 @@ LOGICAL_AXIS_RULES = (
     ('kv_heads', 'tensor'),
     ('mlp', 'tensor'),
     ('embed', 'fsdp'),
-    ('length', None),
+    ('length', CONTEXT_AXIS),
     ('head_dim', None),
     ('positions', None),
     ('layers', None),  # the stacked axis of scanned layers (model.scan_layers)
@@ -59,20 +62,26 @@ def resolve_mesh_shape(sizes: Sequence[int], device_count: int) -> tuple[int, ..
   elif known != device_count:
     raise ValueError(
         f'{names} uses {known} devices but {device_count} are available; allowed: '
-        f'mesh.data * mesh.fsdp * mesh.tensor = {device_count}, or one axis -1 (fill)')
+        f'mesh.data * mesh.fsdp * mesh.context * mesh.tensor = {device_count}, or one axis '
+        f'-1 (fill)')
   return tuple(sizes)
 
 
 def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
-  """A `Mesh` with axes (data, fsdp, tensor) over `devices` (default: all, all processes).
+  """A `Mesh` with axes (data, fsdp, context, tensor) over `devices` (default: all, all
+  processes); a config without `mesh.context` gets context 1.
 
   Axis types are Auto so sharding constraints inside the model are hints, not asserts.
   """
   devices = jax.devices() if devices is None else list(devices)
-  shape = resolve_mesh_shape(
-      (mesh_config.data, mesh_config.fsdp, mesh_config.tensor), len(devices))
+  shape = resolve_mesh_shape(mesh_sizes(mesh_config), len(devices))
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+
+
+def mesh_sizes(mesh_config) -> tuple[int, ...]:
+  """The configured sizes in MESH_AXES order (mesh.context defaults to 1)."""
+  return (mesh_config.data, mesh_config.fsdp, mesh_config.get('context', 1), mesh_config.tensor)
 
 
 def batch_shards(mesh: jax.sharding.Mesh) -> int:
@@ -81,8 +90,11 @@ def batch_shards(mesh: jax.sharding.Mesh) -> int:
 
 
 def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
-  """Sharding of a global batch `[B, ...]`: rows over (data, fsdp), the rest replicated."""
-  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+  """Sharding of a global batch `[B, T, ...]`: rows over (data, fsdp), T over context, the
+  rest replicated."""
+  if ndim == 1:
+    return NamedSharding(mesh, P(BATCH_AXES))
+  return NamedSharding(mesh, P(BATCH_AXES, CONTEXT_AXIS, *([None] * (ndim - 2))))
 
 
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:

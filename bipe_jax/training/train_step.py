@@ -108,7 +108,7 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
     a = grad_accum_steps
     split = lambda x: jax.lax.with_sharding_constraint(  # pylint: disable=g-long-lambda
         x.reshape(x.shape[0] // a, a, x.shape[1]).swapaxes(0, 1),
-        P(None, mesh_lib.BATCH_AXES, None))
+        P(None, mesh_lib.BATCH_AXES, mesh_lib.CONTEXT_AXIS))
     micro = jax.tree.map(split, batch)
 
     def body(carry, micro_batch):
