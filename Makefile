@@ -6,7 +6,7 @@ CORE_STAMP := $(VENV)/.core-installed
 TEST_STAMP := $(VENV)/.test-installed
 TPU_STAMP := $(VENV)/.tpu-installed
 
-.PHONY: test test-fast demo demo-all setup clean
+.PHONY: test test-fast demo demo-all demo-dape setup clean
 
 # The requirements files pin every version; pyproject.toml names what each part needs (core,
 # [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
@@ -48,5 +48,9 @@ demo: $(CORE_STAMP)
 demo-all: $(CORE_STAMP)
 	$(PY) eval/demo.py --output_dir=demo_out --encodings=rope,bipe_rope,alibi,bipe_alibi
 
+# DAPE's claim: kerple, dape_kerple, bipe_dape_kerple, 1000 steps each, evaluated at 1x..64x.
+demo-dape: $(CORE_STAMP)
+	$(PY) eval/demo.py --output_dir=demo_dape_out --encodings=kerple,dape_kerple,bipe_dape_kerple --steps=1000 --multipliers=1,2,4,8,16,32,64
+
 clean:
-	rm -rf $(VENV) demo_out
+	rm -rf $(VENV) demo_out demo_dape_out

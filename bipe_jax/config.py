@@ -43,7 +43,7 @@ class ModelConfig:
   max_intra: int = 1024  # learned intra-segment table size (official: training length 1024)
   max_position: int = 1024  # learned absolute table size ('learned' encoding)
   intra_zero_last_row: bool = False  # official quirk: last intra row is zero (padding_idx=-1)
-  train_length: int = 0  # FIRE's L0, RoPE log-scale reference; 0 = data.seq_len (derived at start)
+  train_length: int = 0  # RoPE log-scale ref., FIRE init_L = it // 4; 0 = data.seq_len (derived)
   rope_base: float = 10000.0
   rope_scaling: str = 'none'  # none | linear | ntk | yarn
   rope_scaling_factor: float = 1.0
@@ -70,6 +70,8 @@ class ModelConfig:
   dape_hidden: int = 32
   dapev2_kernel: int = 3
   fire_hidden: int = 32
+  fire_init_L: int = 0  # official init_L (noise_seq_length); 0 = train_length // 4 (see fire_L0)
+  fire_halve_init_L: bool = True  # official Megatron: L0 = init_L // 2; False: DAPE.py, L0 = init_L
   t5_buckets: int = 32
   t5_max_distance: int = 128
 
@@ -94,6 +96,13 @@ class ModelConfig:
   @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
+
+  @property
+  def fire_L0(self) -> int:
+    """FIRE's threshold L0: init_L // 2 (official Megatron classes) or init_L (standalone
+    DAPE.py); init_L defaults to train_length // 4, the released 512-token configs' 128."""
+    init_l = self.fire_init_L or self.train_length // 4
+    return init_l // 2 if self.fire_halve_init_L else init_l
 
   @property
   def slope_factor(self) -> float:
@@ -141,10 +150,12 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
     value = getattr(cfg, field)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise _err(field, value, 'must be a positive integer')
-  for field in ('num_kv_heads', 'head_dim'):
+  for field in ('num_kv_heads', 'head_dim', 'fire_init_L'):
     value = getattr(cfg, field)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
       raise _err(field, value, 'must be an integer >= 0 (0 = derived default)')
+  if not isinstance(cfg.fire_halve_init_L, bool):
+    raise _err('fire_halve_init_L', cfg.fire_halve_init_L, 'must be True or False')
   if cfg.head_dim == 0 and cfg.hidden_size % cfg.num_heads:
     raise _err('hidden_size', cfg.hidden_size,
                f'must be divisible by num_heads={cfg.num_heads} when head_dim=0')

@@ -177,12 +177,14 @@ class Attention(nn.Module):
     if s.bias == 'kerple':
       return _pure(functools.partial(kerple.KerpleLogBias, h), 'kerple', pos1, pos1)
     if s.bias == 'fire':
+      slope = dape.LEAKY_SLOPE if s.transform != 'none' else 0.0  # official DAPE: LeakyReLU
       make = functools.partial(fire.FireBias, h, hidden=cfg.fire_hidden,
-                               init_L=float(cfg.train_length))
+                               init_L=float(cfg.fire_L0), negative_slope=slope)
       return _pure(make, 'fire', pos1, pos1)
     if s.bias == 't5':
       make = functools.partial(t5.T5RelativeBias, h, num_buckets=cfg.t5_buckets,
-                               max_distance=cfg.t5_max_distance)
+                               max_distance=cfg.t5_max_distance,
+                               scale=t5.t5_scale(cfg.head_size))
       return _pure(make, 't5', pos1, pos1)
     return None
 

@@ -92,7 +92,8 @@ def kerple_log_bias_ref(q_pos_BxQ, k_pos_BxK, p, a):
 
 
 def fire_bias_ref(q_pos_BxQ, k_pos_BxK, *, c, l_multiplier, init_L, w_in, b_in, w_out, b_out,
-                  eps=1e-6):
+                  eps=1e-6, negative_slope=0.0):
+  """FIRE's bias by loops; negative_slope 0 = ReLU, 0.01 = LeakyReLU (FIRE under DAPE)."""
   w_in, b_in = np.asarray(w_in, np.float64), np.asarray(b_in, np.float64)
   w_out, b_out = np.asarray(w_out, np.float64), np.asarray(b_out, np.float64)
   psi = lambda x: math.log(abs(float(c) * x) + 1.0)
@@ -100,7 +101,7 @@ def fire_bias_ref(q_pos_BxQ, k_pos_BxK, *, c, l_multiplier, init_L, w_in, b_in, 
 
   def value(h, i, j):
     d = psi(max(i - j, 0)) / (psi(max(i, threshold)) + eps)
-    hidden = [max(d * w_in[0, n] + b_in[n], 0.0) for n in range(len(b_in))]
+    hidden = [_leaky(d * w_in[0, n] + b_in[n], negative_slope) for n in range(len(b_in))]
     return sum(hidden[n] * w_out[n, h] for n in range(len(b_in))) + b_out[h]
   return _pairwise_ref(q_pos_BxQ, k_pos_BxK, len(b_out), value)
 

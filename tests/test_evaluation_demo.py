@@ -1,5 +1,6 @@
 """The demo's plan: the training command it runs, validation, the estimate and the report."""
 
+import dataclasses
 import math
 import os
 
@@ -117,14 +118,7 @@ def test_make_demo_trains_the_rope_pair_and_demo_all_adds_the_alibi_pair():
   """`make demo` (no --encodings) trains rope and bipe_rope; `make demo-all` names all four
   encodings, into the same output folder (so it reuses the two runs `make demo` made)."""
   assert demo.DemoPlan().encodings == ('rope', 'bipe_rope')
-  with open(os.path.join(demo.ROOT, 'Makefile')) as f:
-    recipes = {}
-    target = None
-    for line in f:
-      if line and not line[0].isspace() and ':' in line:
-        target = line.split(':')[0]
-      elif line.startswith('\t') and target:
-        recipes.setdefault(target, []).append(line.strip())
+  recipes = _makefile_recipes()
   (demo_cmd,), (all_cmd,) = recipes['demo'], recipes['demo-all']
   assert '--encodings' not in demo_cmd
   flag = [a for a in all_cmd.split() if a.startswith('--encodings=')][0]
@@ -132,6 +126,56 @@ def test_make_demo_trains_the_rope_pair_and_demo_all_adds_the_alibi_pair():
   assert set(demo.ALL_ENCODINGS) >= set(demo.DEFAULT_ENCODINGS)
   out_dir = lambda cmd: [a for a in cmd.split() if a.startswith('--output_dir=')]
   assert out_dir(demo_cmd) == out_dir(all_cmd) == ['--output_dir=demo_out']
+
+
+def _makefile_recipes() -> dict[str, list[str]]:
+  with open(os.path.join(demo.ROOT, 'Makefile')) as f:
+    recipes, target = {}, None
+    for line in f:
+      if line and not line[0].isspace() and ':' in line:
+        target = line.split(':')[0]
+      elif line.startswith('\t') and target:
+        recipes.setdefault(target, []).append(line.strip())
+  return recipes
+
+
+def test_make_demo_dape_trains_the_kerple_trio_to_64x_in_its_own_folder():
+  """`make demo-dape`: kerple, dape_kerple, bipe_dape_kerple with the DAPE plan's steps,
+  evaluated at 1x..64x, into demo_dape_out (not the BiPE demo's folder: other steps)."""
+  (cmd,) = _makefile_recipes()['demo-dape']
+  flags = dict(a[2:].split('=', 1) for a in cmd.split() if a.startswith('--'))
+  assert demo.parse_names(flags['encodings']) == demo.DAPE_ENCODINGS
+  assert int(flags['steps']) == demo.DAPE_STEPS
+  assert demo.parse_ints(flags['multipliers'], 'multipliers') == demo.DAPE_MULTIPLIERS
+  assert max(demo.DAPE_MULTIPLIERS) == 64 and flags['output_dir'] == 'demo_dape_out'
+  assert set(flags) == {'output_dir', 'encodings', 'steps', 'multipliers'}  # else the demo's
+  plan = demo.DemoPlan(encodings=demo.DAPE_ENCODINGS, steps=demo.DAPE_STEPS,
+                       multipliers=demo.DAPE_MULTIPLIERS)
+  plan.validate()  # 64x the demo's length fits the validation tokens it scores
+  assert plan.lengths[-1] == 64 * plan.seq_len <= plan.max_tokens
+  assert demo.DemoPlan().steps == 1500  # the BiPE demo's budget is unchanged
+
+
+def test_dape_claims_are_checked_and_the_new_pair_has_no_verdict():
+  plan = demo.DemoPlan(seq_len=64, multipliers=demo.DAPE_MULTIPLIERS)
+  ppl = {'kerple': {64: 30.0, 4096: 100.0}, 'dape_kerple': {64: 29.0, 4096: 45.0},
+         'bipe_dape_kerple': {64: 28.0, 4096: 36.0}}
+  assert demo.paper_comparison(plan, ppl) == [
+      'dape_kerple / kerple at 1x (64 tokens): 0.967 (target <= 1.0) — holds',
+      'dape_kerple / kerple at 64x (4096 tokens): 0.450 (target <= 0.4) — does NOT hold',
+      'bipe_dape_kerple / dape_kerple at 64x (4096 tokens): 0.800 (in neither paper: no target)',
+      'bipe_dape_kerple / kerple at 64x (4096 tokens): 0.360 (in neither paper: no target)',
+  ]
+
+
+def test_estimate_counts_a_dape_step_as_several_plain_ones(tmp_path):
+  def train_seconds(encoding):
+    plan = demo.DemoPlan(encodings=(encoding,), steps=100, output_dir=str(tmp_path))
+    return demo.estimate_seconds(plan, data_ready=True) - demo.estimate_seconds(
+        dataclasses.replace(plan, steps=1), data_ready=True)
+  assert math.isclose(train_seconds('dape_kerple'),
+                      demo.TRANSFORM_STEP_COST * train_seconds('kerple'))
+  assert math.isclose(train_seconds('kerple'), 99 * demo.SECONDS_PER_STEP)
 
 
 def _fake_training(monkeypatch, script: str):
