@@ -206,7 +206,9 @@ class Attention(nn.Module):
     if s.bias == 't5':
       make = functools.partial(t5.T5RelativeBias, h, num_buckets=cfg.t5_buckets,
                                max_distance=cfg.t5_max_distance)
-      table_NxH = _module_params(make, 't5', pos1, pos1)['rel_embedding']
+      weight_NxH = _module_params(make, 't5', pos1, pos1)['rel_embedding']
+      # The kernel adds table[bucket]: the official bias weight[bucket] * sqrt(head_dim).
+      table_NxH = t5.t5_table_from_weight(weight_NxH, t5.t5_scale(cfg.head_size))
       return (pallas.TileBias('t5', t5_buckets=cfg.t5_buckets,
                               t5_max_distance=cfg.t5_max_distance), table_NxH.T)
     if s.bias != 'none':
