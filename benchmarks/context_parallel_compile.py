@@ -40,7 +40,7 @@ os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 def compile_step(args) -> dict:
   config = importlib.import_module(f'configs.{args.preset}').get_config()
   m = config.model
-  m.scan_layers, m.remat, m.dtype = True, True, args.dtype
+  m.scan_layers, m.remat, m.dtype = True, 'full', args.dtype
   m.block_size, m.attention_impl = args.block_size, args.attention_impl
   m.separators, m.separator_ids = 'ids', (13,)  # any id: positions are computed in the step
   config.data.seq_len = args.seq_len
