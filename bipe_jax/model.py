@@ -537,9 +537,15 @@ class Transformer(nn.Module):
     return logits.astype(jnp.float32)
 
 
-def count_params(cfg: ModelConfig, batch: int = 1, length: int = 8) -> int:
-  """Number of parameters of `Transformer(cfg)`, from jax.eval_shape (nothing allocated)."""
-  module = Transformer(cfg)
+def abstract_params(module: nn.Module, batch: int = 1, length: int = 8) -> dict:
+  """The parameter tree `module.init` makes for tokens [batch, length], as jax.ShapeDtypeStruct
+  leaves (jax.eval_shape: nothing allocated, nothing compiled; logical-axis boxes removed)."""
   tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
   shapes = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
-  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes['params'])))
+  return nn.meta.unbox(shapes['params'])
+
+
+def count_params(cfg: ModelConfig, batch: int = 1, length: int = 8) -> int:
+  """Number of parameters of `Transformer(cfg)`, from jax.eval_shape (nothing allocated)."""
+  params = abstract_params(Transformer(cfg), batch, length)
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))

@@ -8,6 +8,7 @@ root logger, which absl, Orbax and TFDS all write through.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -80,3 +81,15 @@ def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Han
   file_handler.setFormatter(logging.Formatter(_FORMAT))
   root.addHandler(file_handler)
   return file_handler
+
+
+@contextlib.contextmanager
+def info_lines_dropped():
+  """Drops INFO and lower lines inside the block (Orbax announces each checkpoint handler it
+  makes at INFO): checks made before a run may write anything must not create its log file."""
+  before = logging.root.manager.disable
+  logging.disable(max(before, logging.INFO))
+  try:
+    yield
+  finally:
+    logging.disable(before)

@@ -14,6 +14,7 @@ from bipe_jax import model as model_lib
 from bipe_jax import run_restore as runs
 from bipe_jax.interop import convert
 from bipe_jax.training import init_from
+from bipe_jax.training import init_from_shapes
 from bipe_jax.training import mesh as mesh_lib
 from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training import train_state as train_state_lib
@@ -101,14 +102,42 @@ def test_cli_fine_tunes_from_a_run_with_other_rope_scaling(dirs, source, tmp_pat
   assert init_from.source_seq_len('') is None
 
 
-def test_cli_refuses_a_source_of_another_shape_in_one_line(dirs, source, tmp_path):
-  workdir = str(tmp_path / 'wide')
+@pytest.mark.parametrize('flag, expected', [
+    ('--config.model.hidden_size=48', "parameter ['embed']['embedding'] has shape (320, 32) in "
+                                      "the source, (320, 48) in this model"),
+    ('--config.model.num_layers=3', "the source has no parameter ['layer_2']"),
+])
+def test_cli_refuses_a_source_of_another_shape_before_writing_anything(dirs, source, tmp_path,
+                                                                       flag, expected):
+  workdir = str(tmp_path / 'other')
   proc = run_cli(dirs, workdir, '--config.train.steps=2', f'--config.train.init_from={source}',
-                 ROPE, '--config.model.ffn_size=96', expect=2)
-  line = proc.stderr.strip().splitlines()[-1]
-  assert line.startswith('config error: train.init_from: parameter ') and 'mlp' in line
-  assert 'Traceback' not in proc.stderr
-  assert not os.path.exists(os.path.join(workdir, 'checkpoints', '2'))
+                 ROPE, flag, expect=2)
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('config error: train.init_from: '), proc.stderr
+  assert expected in lines[0], lines[0]
+  assert not os.path.exists(workdir)  # no data prepared, no tokenizer copy, no log file
+
+
+def shape_table(tree) -> dict:
+  return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in
+          jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_source_shapes_come_from_metadata_and_match_the_model(source, tmp_path):
+  config = runs.read_config(source)
+  want = shape_table(init_from_shapes.run_param_shapes(config))
+  assert len(want) > 10
+  for spec in (source, f'{source}@2'):  # Orbax's array metadata of the checkpoint
+    assert shape_table(init_from_shapes.source_param_shapes(spec, 32)) == want
+  hf = convert.workdir_to_hf(source, str(tmp_path / 'hf'))  # the model of its config.json
+  assert shape_table(init_from_shapes.source_param_shapes(hf, 32)) == want
+  config.train.init_from = source
+  config.model.scan_layers = True  # the other layer layout: converted, the same shapes
+  init_from_shapes.check_param_shapes(config)
+  config.model.hidden_size = 48
+  with pytest.raises(init_from.InitFromError, match=r"\['embed'\]\['embedding'\] has shape "
+                                                    r"\(320, 32\) in the source, \(320, 48\)"):
+    init_from_shapes.check_param_shapes(config)
 
 
 def test_a_converted_model_holds_parameters_only_and_is_fine_tuned_not_resumed(

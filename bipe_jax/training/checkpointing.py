@@ -149,6 +149,21 @@ def step_dirs(directory: str) -> dict[int, str]:
   return steps
 
 
+def item_metadata(step_dir: str, item: str):
+  """Orbax's metadata of one item ('state', 'params') of a step folder: its saved tree with an
+  ArrayMetadata (shape, dtype) per array, read without restoring anything."""
+  return ocp.StandardCheckpointHandler().metadata(epath.Path(step_dir) / item).tree
+
+
+def saved_param_shapes(step_dir: str) -> dict:
+  """The parameters saved in a step folder (a training run's `state`, or the `params` of a
+  converted model) as a tree of jax.ShapeDtypeStruct, from Orbax's metadata: no array read."""
+  items = set(workdir_io.listdir(step_dir))
+  tree = (item_metadata(step_dir, 'state')['params'] if 'state' in items
+          else item_metadata(step_dir, 'params'))
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), tree)
+
+
 def params_only_step(directory: str) -> Optional[int]:
   """The newest step of `directory` when it holds parameters only (a converted model, see
   `Checkpointer.save_params`), else None (no checkpoint, or a training run's)."""
@@ -261,8 +276,7 @@ class Checkpointer:
     """A readable checkpoint whose saved arrays (paths and shapes) differ from this run's state
     is not corrupt: raise IncompatibleCheckpointError naming the differences, move nothing."""
     try:
-      metadata = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / 'state')
-      saved = _shape_table(metadata)
+      saved = _shape_table(item_metadata(str(self._step_dir(step)), 'state'))
     except Exception:  # pylint: disable=broad-except
       return  # unreadable metadata: an integrity failure, not another structure
     wanted = _shape_table(abstract_state)

@@ -19,7 +19,9 @@ an `InitFromError` naming it. A run that already has checkpoints resumes from th
 Before a fresh run writes anything, `check_source` checks the path (it holds a run, and the step
 named) and that the position streams stay those the source was trained with: the same
 `model.position_encoding` and, for bipe_*, the same separators rule. Changing either is a
-deliberate choice: `train.init_from_allow_encoding_change=True`.
+deliberate choice: `train.init_from_allow_encoding_change=True`. Then
+`init_from_shapes.check_param_shapes` compares the source's parameter shapes (read from its
+checkpoint's metadata, nothing restored) with this run's model, also before anything is written.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def parse_source(spec: str) -> tuple[str, int | None]:
   return workdir_io.absolute(path), step
 
 
-def _is_workdir(path: str) -> bool:
+def is_workdir(path: str) -> bool:
+  """Whether `path` is a bipe_jax workdir (config.json and its checkpoint folder), not a
+  Hugging Face folder."""
   from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   if not workdir_io.isfile(os.path.join(path, 'config.json')):
     return False
@@ -64,7 +68,7 @@ def load_source_params(spec: str, *, separator_ids: Sequence[int] = ()) -> tuple
   path, step = parse_source(spec)
   if not workdir_io.isdir(path):
     raise InitFromError(f'train.init_from={spec!r}: {path} is not a directory')
-  if _is_workdir(path):
+  if is_workdir(path):
     from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
     try:
       run = runs.load_run(path, step=step, attention_impl='dense')
@@ -89,7 +93,7 @@ def source_seq_len(spec: str) -> int | None:
   if not spec:
     return None
   path, _ = parse_source(spec)
-  if not _is_workdir(path):
+  if not is_workdir(path):
     return None
   from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   return int(runs.read_config(path).data.seq_len)
@@ -124,11 +128,11 @@ def stream_mismatch(source_model, source_data, model, data) -> str | None:
           f'{rule_want!r}')
 
 
-def _source_config(path: str, spec: str):
+def source_config(path: str, spec: str):
   """(model fields, data section or None) of the source at `path`; InitFromError when it is
   neither a bipe_jax run with a checkpoint nor a Hugging Face folder."""
   from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
-  if _is_workdir(path):
+  if is_workdir(path):
     config = runs.read_config(path)
     return config.model, config.data
   try:
@@ -161,7 +165,7 @@ def check_source(config) -> None:
     what = 'is a file' if os.path.exists(path) else 'does not exist'
     raise InitFromError(f'train.init_from={spec!r}: {path} {what} (give a training workdir, '
                         f'WORKDIR@STEP, or a Hugging Face folder)')
-  source_model, source_data = _source_config(path, spec)
+  source_model, source_data = source_config(path, spec)
   if step is not None:
     if source_data is None:
       raise InitFromError(f'train.init_from={spec!r}: a step (@{step}) needs a bipe_jax '

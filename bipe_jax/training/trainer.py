@@ -34,6 +34,7 @@ from bipe_jax.training import config_validation
 from bipe_jax.training import data_loading
 from bipe_jax.training import flops as flops_lib
 from bipe_jax.training import init_from as init_from_lib
+from bipe_jax.training import init_from_shapes
 from bipe_jax.training import mesh as mesh_lib
 from bipe_jax.training import optimizer as optimizer_lib
 from bipe_jax.training import position_stats
@@ -181,6 +182,7 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
   if not checkpointing.step_dirs(config.checkpoint.dir or os.path.join(workdir, 'checkpoints')):
     try:  # before anything is written (a resumed run ignores train.init_from)
       init_from_lib.check_source(config)
+      init_from_shapes.check_param_shapes(config, model)
     except init_from_lib.InitFromError as e:
       raise config_validation.ConfigError(str(e)) from None
   with workdir_lock.hold(workdir, enabled=jax.process_index() == 0):
