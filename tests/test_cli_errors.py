@@ -21,8 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(script, *args, cwd=ROOT):
+  """`python ROOT/script *args` (`python -m *args` for script '-m') in `cwd`, on CPU, with the
+  suite's environment (its compilation cache, conftest.py); the CompletedProcess."""
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, env=env,
+  target = script if script == '-m' else os.path.join(ROOT, script)
+  return subprocess.run([sys.executable, target, *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -8,6 +8,7 @@ training anything: each command's workdir gets the config.json the run would rec
 separator ids for the tokenizer's) and an empty checkpoint folder. A recipe that silently
 changes the encoding of its source (the YaRN fine-tune of a bipe_alibi run that trained
 bipe_rope) fails here. Every flag of every README command is one its script defines.
+tests/test_readme_recipes.py (slow) then runs every command at a tiny size.
 """
 
 import os
@@ -25,16 +26,21 @@ from bipe_jax.training import run_record
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def readme_commands(text: str) -> list:
-  """argv lists of the `python ...` commands in the ```bash blocks (continuations joined,
-  comments dropped)."""
+def readme_command_lines(text: str) -> list:
+  """[(argv after `python`, the line's trailing comment or '')] of the `python ...` commands in
+  the ```bash blocks, in README order (continuations joined)."""
   commands = []
   for block in re.findall(r'```bash\n(.*?)```', text, re.S):
     for line in block.replace('\\\n', ' ').splitlines():
       argv = shlex.split(line, comments=True)
       if argv and argv[0].endswith('python'):
-        commands.append(argv[1:])
+        commands.append((argv[1:], line.partition(' #')[2].strip()))
   return commands
+
+
+def readme_commands(text: str) -> list:
+  """argv lists of the `python ...` commands in the ```bash blocks (comments dropped)."""
+  return [argv for argv, _ in readme_command_lines(text)]
 
 
 def training_commands(text: str) -> list:
