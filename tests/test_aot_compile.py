@@ -8,6 +8,7 @@ shards), collectives against what each mesh must need.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -93,6 +94,28 @@ def test_tiny_model_compiles_for_tpu(encoding, mesh):
   assert step.compile_seconds > 0
 
 
+def test_fsdp_gradients_of_every_matrix_are_reduce_scattered():
+  """MaxText's FSDP layout: each weight matrix's gradient leaves the step reduce-scattered (each
+  chip receives its shard), none all-reduced at full size; only the replicated norm scales
+  and scalars are all-reduced. Width 128, head_dim 64 over fsdp=4 (the 151M preset's
+  head_dim; at head_dim 32 and 64-row shards the TPU compiler lays the embed axis of the
+  attention gradients along the 128-lane tile and all-reduces them instead:
+  benchmarks/README.md, "Collectives of the TPU program")."""
+  config = tiny_config('rope', (1, 4, 1), hidden_size=128, num_heads=2, ffn_size=256)
+  step = aot_compile.compile_for_topology(config, TOPOLOGY, keep_text=True).steps[0]
+  matrices = 4 + 3 + 2  # q, k, v, o; gate, up, down; embedding, head
+  assert step.collectives['reduce-scatter']['arrays'] >= matrices - 1  # (+ maybe the embedding)
+  # full-size all-reduces: those outside the all-reduce-scatter fusions
+  shapes, fusion = [], False
+  for line in step.text['compiled'].splitlines():
+    if line and not line[0].isspace():
+      fusion = line.startswith('%all-reduce-scatter')
+    elif ' all-reduce(' in line and not fusion:
+      result = line.split('=', 1)[1].split(' all-reduce(')[0]
+      shapes += re.findall(r'f32\[([\d,]*)\]', result)
+  assert shapes and all(',' not in s for s in shapes), shapes  # vectors and scalars only
+
+
 def test_eval_step_and_cli_table_and_json(tmp_path, capsys):
   out = tmp_path / 'figures.json'
   # (a mesh no other test compiles: JAX's persistent cache, which the suite shares, stores a
@@ -145,6 +168,10 @@ HLO = """\
   %all-reduce.1 = (f32[8,4]{1,0}, f32[4]{0}) all-reduce(%input_0, %input_1), channel_id=5, replica_groups={{0,1}}
 }
 
+%all-reduce-scatter.4 (input_0: f32[8,4]) -> f32[4,4] {
+  %all-reduce.2 = f32[8,4]{1,0} all-reduce(%input_0), channel_id=5, replica_groups={{0,1}}
+}
+
 %async_collective_fusion.1 (p: bf16[4,2]) -> bf16[4,4] {
   %all-gather.7 = bf16[4,4]{1,0:T(8,128)} all-gather(%p), channel_id=9, dimensions={1}
 }
@@ -167,7 +194,8 @@ def test_count_collectives_by_channel_and_kind():
   counts = aot_compile.count_collectives(HLO)
   # channel 9 printed twice (async pieces) is one all-gather; -start counted, -done not
   assert counts['all-gather'] == {'ops': 2, 'arrays': 3}
-  assert counts['reduce-scatter'] == {'ops': 1, 'arrays': 2}  # inside all-reduce-scatter
+  # inside all-reduce-scatter fusions: one per fusion, though both print channel 5
+  assert counts['reduce-scatter'] == {'ops': 2, 'arrays': 3}
   assert counts['all-reduce'] == {'ops': 1, 'arrays': 1}
   assert counts['collective-permute'] == {'ops': 1, 'arrays': 1}
   assert 'all-to-all' not in counts

@@ -144,3 +144,55 @@ def test_the_model_and_encodings_import_without_the_data_or_training_stack():
   # The probe sees these packages when they are loaded (so the empty list above means something).
   assert {'grain', 'sentencepiece', 'tensorflow_datasets'} <= set(
       _loaded_after('import bipe_jax.data'))
+
+
+# A fresh virtualenv with only the core dependencies, simulated: in a fresh interpreter, every
+# top-level module that an installed distribution provides is refused unless that distribution
+# is one of pyproject.toml's core dependencies or what they require in turn (their metadata's
+# requirements, extras and other platforms' markers left out). The standard library and
+# bipe_jax itself are not distributions of this venv and stay importable.
+_CORE_ONLY = r"""
+import importlib.metadata as md, re, sys, tomllib
+from packaging.requirements import Requirement
+core = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']
+norm = lambda name: re.sub(r'[-_.]+', '-', name).lower()
+allowed, todo = set(), [Requirement(r) for r in core]
+while todo:
+  req = todo.pop()
+  if req.marker is not None and not req.marker.evaluate({'extra': ''}):
+    continue
+  name = norm(req.name)
+  if name in allowed:
+    continue
+  allowed.add(name)
+  todo += [Requirement(r) for r in md.requires(name) or ()]
+providers = md.packages_distributions()
+class CoreOnly:
+  @staticmethod
+  def find_spec(name, path=None, target=None):
+    dists = {norm(d) for d in providers.get(name.split('.')[0], ())}
+    if dists and not dists & allowed and 'bipe-jax' not in dists:
+      raise ModuleNotFoundError(f'{name} is not a core dependency', name=name)
+sys.meta_path.insert(0, CoreOnly)
+try:
+  exec(sys.argv[1])
+  print('ok')
+except ImportError as e:
+  print('ImportError', e.name)
+"""
+
+
+def _with_core_only(statement: str) -> str:
+  out = subprocess.run([sys.executable, '-c', _CORE_ONLY, statement], capture_output=True,
+                       text=True, cwd=os.path.dirname(ROOT),
+                       env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                       check=True)
+  return out.stdout.strip().splitlines()[-1]
+
+
+def test_the_four_modules_import_with_only_the_core_dependencies_installed():
+  assert _with_core_only('import bipe_jax.positions, bipe_jax.encodings, bipe_jax.attention, '
+                         'bipe_jax.model') == 'ok'
+  # the simulation refuses what is not core (so 'ok' above means something)
+  assert _with_core_only('import bipe_jax.data') in {'ImportError grain', 'ImportError '
+                                                    'sentencepiece', 'ImportError tensorflow_datasets'}

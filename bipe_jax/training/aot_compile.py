@@ -194,7 +194,7 @@ def count_collectives(hlo_text: str) -> dict:
   collective split into several `async_collective_fusion` pieces keeps its `channel_id`, so
   collectives are told apart by channel id (the instruction text would count each piece). An
   all-reduce inside an `all-reduce-scatter` fusion is how XLA TPU writes a reduce-scatter, and
-  counts as one. Combined collectives move several arrays in one op: `arrays` counts them
+  counts as one per fusion. Combined collectives move several arrays in one op: `arrays` counts them
   (a tuple result of 12 gradients is 1 op, 12 arrays).
   """
   seen = collections.defaultdict(dict)
@@ -208,10 +208,12 @@ def count_collectives(hlo_text: str) -> dict:
     if not match:
       continue
     result, kind, rest = match.groups()
-    if kind == 'all-reduce' and computation.startswith('all-reduce-scatter'):
-      kind = 'reduce-scatter'
     channel = re.search(r'channel_id=(\d+)', rest)
     key = channel.group(1) if channel else f'line {number}'
+    if kind == 'all-reduce' and computation.startswith('all-reduce-scatter'):
+      # each such fusion is one reduce-scatter; the compiler numbers their channels afresh
+      # (two fusions both print channel_id=1), so the fusion's name tells them apart
+      kind, key = 'reduce-scatter', computation
     seen[kind][key] = max(seen[kind].get(key, 0), len(_ARRAY.findall(result)) or 1)
   return {kind: {'ops': len(seen[kind]), 'arrays': sum(seen[kind].values())}
           for kind in COLLECTIVE_KINDS if seen.get(kind)}
