@@ -131,6 +131,11 @@ def test_source_shapes_come_from_metadata_and_match_the_model(source, tmp_path):
     assert shape_table(init_from_shapes.source_param_shapes(spec, 32)) == want
   hf = convert.workdir_to_hf(source, str(tmp_path / 'hf'))  # the model of its config.json
   assert shape_table(init_from_shapes.source_param_shapes(hf, 32)) == want
+  yarn = runs.read_config(source)  # bipe_rope + YaRN: its original length (segments) is 0
+  yarn.model.update(position_encoding='bipe_rope', rope_scaling='yarn', rope_original_length=0,
+                    separators='sentence', separator_ids=())  # until the data resolves it
+  assert shape_table(init_from_shapes.run_param_shapes(yarn)).keys() - want.keys() == {
+      "['intra_embed']['embedding']"}
   config.train.init_from = source
   config.model.scan_layers = True  # the other layer layout: converted, the same shapes
   init_from_shapes.check_param_shapes(config)

@@ -42,21 +42,27 @@ def source_param_shapes(spec: str, length: int) -> dict | None:
     return None
   fields, _ = init_from.source_config(path, spec)  # a Hugging Face folder
   try:
-    source = model_config_lib.model_config_from_dict(fields, require_separators=False,
-                                                     inter_length_later=True)
+    source = _tree_model(fields)
   except ValueError as e:
     raise init_from.InitFromError(f'train.init_from={spec!r}: {e}') from None
-  return model_lib.abstract_params(model_lib.Transformer(source), length=length)
+  return model_lib.abstract_params(source, length=length)
+
+
+def _tree_model(fields) -> nn.Module:
+  """The Transformer of `config.model` fields, for its parameter tree only: the fields resolved
+  later, at training start, do not change the tree (separator ids, from the tokenizer; a RoPE
+  scaling's original length, from the data), so they are left out (no scaling)."""
+  values = dict(fields.to_dict() if hasattr(fields, 'to_dict') else fields)
+  values['rope_scaling'] = 'none'
+  return model_lib.Transformer(model_config_lib.model_config_from_dict(
+      values, require_separators=False))
 
 
 def run_param_shapes(config, model: nn.Module | None = None) -> dict:
   """This run's parameter tree (jax.ShapeDtypeStruct leaves) at [1, data.seq_len] tokens:
-  `model`'s, or the Transformer of config.model (separator ids, resolved later from the
-  tokenizer, do not change the tree)."""
-  if model is None:
-    model = model_lib.Transformer(model_config_lib.model_config_from_dict(
-        config.model, require_separators=False, inter_length_later=True))
-  return model_lib.abstract_params(model, length=int(config.data.seq_len))
+  `model`'s, or the Transformer of config.model."""
+  return model_lib.abstract_params(model or _tree_model(config.model),
+                                   length=int(config.data.seq_len))
 
 
 def check_param_shapes(config, model: nn.Module | None = None) -> None:
