@@ -94,14 +94,17 @@ def test_tiny_model_compiles_for_tpu(encoding, mesh):
   assert step.compile_seconds > 0
 
 
-def test_fsdp_gradients_of_every_matrix_are_reduce_scattered():
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_fsdp_gradients_of_every_matrix_are_reduce_scattered(dtype):
   """MaxText's FSDP layout: each weight matrix's gradient leaves the step reduce-scattered (each
   chip receives its shard), none all-reduced at full size; only the replicated norm scales
-  and scalars are all-reduced. Width 128, head_dim 64 over fsdp=4 (the 151M preset's
+  and scalars are all-reduced. Width 512, head_dim 64 over fsdp=4 (the 151M preset's
   head_dim; at head_dim 32 and 64-row shards the TPU compiler lays the embed axis of the
   attention gradients along the 128-lane tile and all-reduces them instead:
-  benchmarks/README.md, "Collectives of the TPU program")."""
-  config = tiny_config('rope', (1, 4, 1), hidden_size=128, num_heads=2, ffn_size=256)
+  benchmarks/README.md, "Collectives of the TPU program"). In bfloat16 the projections'
+  float32 accumulation is what keeps the attention gradients reduce-scattered."""
+  config = tiny_config('rope', (1, 4, 1), hidden_size=512, num_heads=8, ffn_size=1024,
+                       vocab_size=512, dtype=dtype, scan_layers=True, num_layers=2)
   step = aot_compile.compile_for_topology(config, TOPOLOGY, keep_text=True).steps[0]
   matrices = 4 + 3 + 2  # q, k, v, o; gate, up, down; embedding, head
   assert step.collectives['reduce-scatter']['arrays'] >= matrices - 1  # (+ maybe the embedding)
@@ -112,7 +115,7 @@ def test_fsdp_gradients_of_every_matrix_are_reduce_scattered():
       fusion = line.startswith('%all-reduce-scatter')
     elif ' all-reduce(' in line and not fusion:
       result = line.split('=', 1)[1].split(' all-reduce(')[0]
-      shapes += re.findall(r'f32\[([\d,]*)\]', result)
+      shapes += re.findall(r'(?:f32|bf16)\[([\d,]*)\]', result)
   assert shapes and all(',' not in s for s in shapes), shapes  # vectors and scalars only
 
 
