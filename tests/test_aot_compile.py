@@ -106,8 +106,10 @@ def test_fsdp_gradients_of_every_matrix_are_reduce_scattered(dtype):
   config = tiny_config('rope', (1, 4, 1), hidden_size=512, num_heads=8, ffn_size=1024,
                        vocab_size=512, dtype=dtype, scan_layers=True, num_layers=2)
   step = aot_compile.compile_for_topology(config, TOPOLOGY, keep_text=True).steps[0]
-  matrices = 4 + 3 + 2  # q, k, v, o; gate, up, down; embedding, head
-  assert step.collectives['reduce-scatter']['arrays'] >= matrices - 1  # (+ maybe the embedding)
+  # q, k, v, o; gate, up, down; lm head (the embedding's gradient is a scatter-add, which XLA
+  # routes otherwise: the check below only requires that it is not all-reduced at full size)
+  matrices = 4 + 3 + 1
+  assert step.collectives['reduce-scatter']['arrays'] >= matrices
   # full-size all-reduces: those outside the all-reduce-scatter fusions
   shapes, fusion = [], False
   for line in step.text['compiled'].splitlines():
