@@ -15,16 +15,8 @@ from bipe_jax.encodings import rope
 
 
 def project(equation: str, x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`jnp.einsum(equation, x, kernel)`: one dot_general that XLA lays out for its target,
-  accumulated in float32 and returned in x's dtype.
-
-  The float32 accumulation also shapes the backward pass: the weight gradient's dot then gives
-  float32 partial sums, which XLA TPU reduce-scatters over fsdp. With a bfloat16 result it
-  all-reduced the attention and down-projection gradients at full size instead (and slices,
-  converts and stacks them in one fusion): benchmarks/README.md, "Collectives of the TPU
-  program".
-  """
-  return jnp.einsum(equation, x, kernel, preferred_element_type=jnp.float32).astype(x.dtype)
+  """`jnp.einsum(equation, x, kernel)`: one dot_general that XLA lays out for its target."""
+  return jnp.einsum(equation, x, kernel)
 
 
 def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
