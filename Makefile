@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 CORE_STAMP := $(VENV)/.core-installed
 TEST_STAMP := $(VENV)/.test-installed
 TPU_STAMP := $(VENV)/.tpu-installed
+CUDA_STAMP := $(VENV)/.cuda-installed
 
-.PHONY: test test-fast demo demo-all demo-dape setup clean
+.PHONY: test test-fast demo demo-all demo-dape setup setup-cuda clean
 
 # The requirements files pin every version; pyproject.toml names what each part needs (core,
 # [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
@@ -25,8 +26,18 @@ $(TPU_STAMP): $(CORE_STAMP) requirements-tpu.txt
 	$(PY) -m pip install -qq -r requirements-tpu.txt
 	touch $(TPU_STAMP)
 
+# XLA's GPU compiler (requirements-cuda.txt): train/compile.py --platform=cuda compiles for GPUs
+# on this host. Kept in its own folder, outside the virtualenv's site-packages, so that CPU runs
+# never load it; train/compile.py puts it on the path for --platform=cuda only.
+$(CUDA_STAMP): $(CORE_STAMP) requirements-cuda.txt
+	rm -rf $(VENV)/cuda-plugin
+	$(PY) -m pip install -qq --no-deps --target $(VENV)/cuda-plugin -r requirements-cuda.txt
+	touch $(CUDA_STAMP)
+
+setup-cuda: $(CUDA_STAMP)
+
 # The tests also compare against PyTorch / Hugging Face models (requirements-interop.txt).
-$(TEST_STAMP): $(CORE_STAMP) $(TPU_STAMP) requirements-interop.txt
+$(TEST_STAMP): $(CORE_STAMP) $(TPU_STAMP) $(CUDA_STAMP) requirements-interop.txt
 	$(PY) -m pip install -qq -r requirements-interop.txt
 	$(PY) -m pip install -qq --no-build-isolation -c requirements.txt -c requirements-interop.txt -e '.[tests]'
 	touch $(TEST_STAMP)

@@ -1,7 +1,11 @@
-"""Compile the training step for a TPU slice on this host (no TPU needed) and print per-chip
-memory, FLOPs and collectives:
+"""Compile the training step for a TPU slice or GPU hosts on this host (no accelerator needed)
+and print per-chip memory, FLOPs and collectives:
 
   python train/compile.py --config=configs/paper_151m.py:bipe_rope --topology=v5e:2x4
+  python train/compile.py --config=configs/paper_151m.py:bipe_alibi --platform=cuda --topology=h100:8
+
+--platform=cuda needs the CUDA compiler plugin (make setup-cuda, into .venv/cuda-plugin); without
+it the step is lowered for CUDA and its summary printed (exit code 3).
 
 Takes train/main.py's --config flags (--config.model.remat=full, ...). Needs the TPU compiler
 (pip install -r requirements-tpu.txt). Exit codes: 0 the step fits every chip's HBM, 1 it does
@@ -23,7 +27,11 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,w
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py).',
                                           lock_config=True)
 _TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x4',
-                                'TPU topology: v5e:2x4, v4:2x2x1, v5p:2x2x1, v6e:2x2, ...')
+                                'TPU topology: v5e:2x4, v4:2x2x1, v5p:2x2x1, v6e:2x2, ...; with '
+                                '--platform=cuda GPU:COUNT or GPU:HOSTSxCOUNT: h100:8, h200:2x8, '
+                                'a100:8')
+_PLATFORM = flags.DEFINE_enum('platform', 'tpu', ['tpu', 'cuda'],
+                              'Compile for TPU topologies (libtpu) or CUDA GPUs (the CUDA plugin).')
 _NUM_SLICES = flags.DEFINE_integer('num_slices', 1, 'Number of slices of that topology '
                                    '(multislice; the mesh spans all their chips).')
 _EVAL_LENGTHS = flags.DEFINE_list('eval_lengths', [], 'Also compile the evaluation forward at '
@@ -34,12 +42,18 @@ _OUTPUT = flags.DEFINE_string('output', '', 'Write the figures as JSON to this f
 flags.mark_flags_as_required(['config'])
 
 
+CUDA_PLUGIN_FOLDER = os.path.join(ROOT, '.venv', 'cuda-plugin')  # make setup-cuda
+
+
 def main(argv):
   del argv
+  if _PLATFORM.value == 'cuda' and os.path.isdir(CUDA_PLUGIN_FOLDER):
+    # before JAX starts its backends: JAX finds the plugin's entry point on sys.path then
+    sys.path.insert(0, CUDA_PLUGIN_FOLDER)
   from bipe_jax.training import compile_cli  # pylint: disable=g-import-not-at-top
   sys.exit(compile_cli.run(_CONFIG.value, _TOPOLOGY.value, num_slices=_NUM_SLICES.value,
                            eval_lengths=_EVAL_LENGTHS.value, eval_batch_size=_EVAL_BATCH.value,
-                           output=_OUTPUT.value))
+                           output=_OUTPUT.value, platform=_PLATFORM.value))
 
 
 if __name__ == '__main__':

@@ -28,6 +28,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
+from bipe_jax.training import gpu_lowering
+from bipe_jax.training import gpu_targets
+
 GIB = 1024 ** 3
 
 # HBM per JAX TPU device, by device_kind (first substring match wins, most specific first).
@@ -73,6 +76,10 @@ class StepFigures:
   # 'compiled': the optimised HLO, 'primitives': 'name=count,...' of the traced step's JAX
   # primitives}; left out of the JSON.
   text: dict = dataclasses.field(default_factory=dict, repr=False)
+  # Lowered but not compiled (compile_for_topology(lowering_platform='cuda') on a host without
+  # the platform's compiler): the lowered program's summary (gpu_lowering.summarize); the
+  # byte figures above are then 0.
+  lowered_summary: dict = dataclasses.field(default_factory=dict)
 
   @property
   def total_bytes(self) -> int:
@@ -114,7 +121,11 @@ class CompileReport:
 
 
 def hbm_bytes(device_kind: str) -> int:
-  """HBM of one device of `device_kind` (e.g. 'TPU v5 lite'), 0 when unknown."""
+  """HBM of one device of `device_kind` (e.g. 'TPU v5 lite', 'NVIDIA H100 80GB HBM3'), 0 when
+  unknown."""
+  gpu = gpu_targets.target_for_device_kind(device_kind)
+  if gpu is not None:
+    return gpu.memory_bytes
   kind = device_kind.lower()
   for name, size in HBM_BYTES_BY_KIND:
     if name in kind:
@@ -162,6 +173,20 @@ def topology_devices(name: str, num_slices: int = 1) -> list:
                          f'libtpu knows (e.g. v5e:2x4, v4:2x2x1, v5p:2x2x1): {detail}') from None
     del libtpu_output
   return list(topology.devices)
+
+
+def platform_devices(platform: str, topology: str, num_slices: int = 1) -> list:
+  """Compile-only devices of `topology` on `platform` ('tpu' | 'cuda'); CompileError (one line)."""
+  if platform == 'tpu':
+    return topology_devices(topology, num_slices)
+  if platform != 'cuda':
+    raise CompileError(f"--platform={platform!r} must be 'tpu' or 'cuda'")
+  if num_slices != 1:
+    raise CompileError('--num_slices applies to TPU slices; write GPU hosts as h100:HOSTSx8')
+  try:
+    return gpu_targets.gpu_devices(topology)
+  except gpu_targets.GpuTopologyError as e:
+    raise CompileError(str(e)) from None
 
 
 def shard_bytes(abstract_tree, sharding_tree) -> int:
@@ -269,8 +294,17 @@ def required_bytes(message: str) -> int:
   return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
 
 
-def _compile(fn, args, name: str, model_flops: float, keep_text: bool = False) -> StepFigures:
+def _compile(fn, args, name: str, model_flops: float, keep_text: bool = False,
+             lowering_platform: Optional[str] = None) -> StepFigures:
   start = time.perf_counter()
+  if lowering_platform:
+    try:
+      lowered = fn.trace(*args).lower(lowering_platforms=(lowering_platform,))
+    except Exception as e:  # pylint: disable=broad-except (JAX reports its own types)
+      raise CompileError(f'the {name} step did not lower for {lowering_platform}: '
+                         f'{" ".join(str(e).split())[:400]}') from None
+    return StepFigures(name, 0, 0, 0, 0, 0, 0.0, model_flops, {}, time.perf_counter() - start,
+                       lowered_summary=gpu_lowering.summarize(lowered.as_text()))
   with _stderr_to_file() as output:
     try:
       lowered = fn.lower(*args)
@@ -296,8 +330,15 @@ def _compile(fn, args, name: str, model_flops: float, keep_text: bool = False) -
 
 def compile_for_topology(config, topology: str, *, num_slices: int = 1,
                          eval_lengths: Sequence[int] = (), eval_batch_size: int = 0,
-                         devices: Optional[list] = None, keep_text: bool = False) -> CompileReport:
+                         devices: Optional[list] = None, keep_text: bool = False,
+                         platform: str = 'tpu',
+                         lowering_platform: Optional[str] = None) -> CompileReport:
   """Compiles `config`'s training step (and eval forward at `eval_lengths`) for `topology`.
+
+  `platform`: 'tpu' (topology 'v5e:2x4', ...) or 'cuda' (a GPU topology 'h100:8', 'h200:2x8':
+  bipe_jax.training.gpu_targets; needs the CUDA PJRT plugin, make setup-cuda).
+  `lowering_platform` ('cuda'): lower for that platform over `devices` (the host's) instead of
+  compiling; the steps then carry `lowered_summary` and no byte figures (gpu_lowering.py).
 
   `config`: an ml_collections config as `train/main.py` takes (configs/base.py sections); the
   mesh section is resolved over the topology's devices. `devices` overrides the topology (any
@@ -315,7 +356,7 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   from bipe_jax.training import train_step  # pylint: disable=g-import-not-at-top
 
   if devices is None:
-    devices = topology_devices(topology, num_slices)
+    devices = platform_devices(platform, topology, num_slices)
   config = config.copy_and_resolve_references()
   _placeholder_separators(config)
   config_validation.derive_fields(config)
@@ -343,10 +384,11 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
     train_flops = (flops_lib.train_flops_per_token(model_config, seq_len) * t.batch_size
                    * seq_len / len(devices))
     steps.append(_compile(step, (state_args, {'tokens': tokens}), 'train', train_flops,
-                          keep_text))
+                          keep_text, lowering_platform))
     for length in eval_lengths:
       steps.append(_compile_eval(model, mesh, state_args.params, length,
-                                 eval_batch_size or t.batch_size, int(config.model.pad_id)))
+                                 eval_batch_size or t.batch_size, int(config.model.pad_id),
+                                 lowering_platform))
   device = devices[0]
   return CompileReport(
       topology=topology, num_slices=num_slices, device_kind=device.device_kind,
@@ -354,6 +396,22 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
       param_bytes=shard_bytes(abstract.params, shardings.params),
       optimizer_bytes=shard_bytes(abstract.opt_state, shardings.opt_state),
       steps=steps, config_summary=_summary(config))
+
+
+def lower_for_cuda(config, topology: str, *, eval_lengths: Sequence[int] = (),
+                   eval_batch_size: int = 0) -> CompileReport:
+  """Lowers one device's share (gpu_lowering.one_device_share) of `config`'s training step (and
+  evaluation forwards) for CUDA on this host's first CPU device, where XLA's GPU compiler is not
+  available; the steps carry `lowered_summary`. Raises CompileError / ConfigError (one line)."""
+  try:
+    gpus = gpu_targets.parse_topology(topology)
+  except gpu_targets.GpuTopologyError as e:
+    raise CompileError(str(e)) from None
+  share = gpu_lowering.one_device_share(config, gpus.num_devices)
+  return compile_for_topology(
+      share, topology, eval_lengths=eval_lengths,
+      eval_batch_size=max(1, eval_batch_size // gpus.num_devices) if eval_batch_size else 0,
+      devices=jax.devices('cpu')[:1], platform='cuda', lowering_platform='cuda')
 
 
 def _mesh(mesh_config, devices: list, num_slices: int):
@@ -374,7 +432,7 @@ def _mesh(mesh_config, devices: list, num_slices: int):
 
 
 def _compile_eval(model, mesh, param_args, length: int, batch_size: int,
-                  pad_id: int) -> StepFigures:
+                  pad_id: int, lowering_platform: Optional[str] = None) -> StepFigures:
   """The evaluation forward at `length`: summed next-token NLL and count of a [B, L] batch."""
   from bipe_jax.training import flops as flops_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
@@ -392,7 +450,8 @@ def _compile_eval(model, mesh, param_args, length: int, batch_size: int,
                                        mesh_lib.batch_sharding(mesh)),
                out_shardings=mesh_lib.replicated(mesh))
   tokens = jax.ShapeDtypeStruct((batch_size, int(length)), jnp.int32)
-  return _compile(fn, (param_args, tokens), f'eval@{int(length)}', model_flops)
+  return _compile(fn, (param_args, tokens), f'eval@{int(length)}', model_flops,
+                  lowering_platform=lowering_platform)
 
 
 def _summary(config) -> dict:
@@ -463,8 +522,9 @@ def format_report(report: CompileReport) -> str:
   row('HBM', [gib(report.hbm_bytes)] * len(report.steps))
   row('fits', ['yes' if report.fits(st) else 'NO' for st in report.steps])
   row('model TFLOPs per step', [f'{st.model_flops / 1e12:.4g}' for st in report.steps])
-  row('XLA TFLOPs (loops once)', ['-' if st.out_of_memory else f'{st.flops / 1e12:.4g}'
-                                   for st in report.steps])
+  # '-': refused, or no cost analysis (XLA's GPU compiler gives none for a deviceless compile)
+  row('XLA TFLOPs (loops once)', ['-' if st.out_of_memory or not st.flops
+                                   else f'{st.flops / 1e12:.4g}' for st in report.steps])
   for kind in COLLECTIVE_KINDS:
     row(f'{kind} (ops / arrays)', [
         '-' if st.out_of_memory else f'{st.collectives.get(kind, {}).get("ops", 0)} / '

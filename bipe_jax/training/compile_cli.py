@@ -1,7 +1,9 @@
 """What `train/compile.py` runs: compile, print the per-chip table, turn errors into one line.
 
 Exit codes: 0 the training (and evaluation) steps fit every chip's HBM, 1 they do not (one line
-on stderr naming what would help), 2 a bad config, topology or eval length.
+on stderr naming what would help), 2 a bad config, topology or eval length, 3 (--platform=cuda
+without the CUDA plugin) lowered for CUDA but not compiled: the lowered program's summary is
+printed and one line says why it could not be compiled.
 """
 
 import json
@@ -9,10 +11,14 @@ import sys
 
 from bipe_jax.training import aot_compile
 from bipe_jax.training import config_validation
+from bipe_jax.training import gpu_lowering
+from bipe_jax.training import gpu_targets
+
+LOWERED_ONLY = 3
 
 
 def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_batch_size: int = 0,
-        output: str = '') -> int:
+        output: str = '', platform: str = 'tpu') -> int:
   try:
     lengths = [int(x) for x in eval_lengths]
   except ValueError:
@@ -22,13 +28,29 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
     print(f'error: --num_slices={num_slices} must be >= 1 and --eval_lengths >= 2',
           file=sys.stderr)
     return 2
+  lower_only = gpu_targets.lower_only_reason() if platform == 'cuda' else None
   try:
-    report = aot_compile.compile_for_topology(config, topology, num_slices=num_slices,
-                                              eval_lengths=lengths,
-                                              eval_batch_size=eval_batch_size)
+    if lower_only:
+      report = aot_compile.lower_for_cuda(config, topology, eval_lengths=lengths,
+                                          eval_batch_size=eval_batch_size)
+    else:
+      report = aot_compile.compile_for_topology(config, topology, num_slices=num_slices,
+                                                eval_lengths=lengths,
+                                                eval_batch_size=eval_batch_size,
+                                                platform=platform)
   except (config_validation.ConfigError, aot_compile.CompileError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
+  if lower_only:
+    print(f'{topology}: one device\'s share of the step (batch {report.config_summary["batch_size"]}'
+          f' per device), lowered for CUDA on this host', flush=True)
+    for step in report.steps:
+      print(gpu_lowering.format_summary(step.name, step.lowered_summary), flush=True)
+    if output:
+      with open(output, 'w', encoding='utf-8') as f:
+        json.dump(report.to_json(), f, indent=1)
+    print(f'not compiled: {lower_only}', file=sys.stderr, flush=True)
+    return LOWERED_ONLY
   print(aot_compile.format_report(report), flush=True)
   if output:
     with open(output, 'w', encoding='utf-8') as f:
