@@ -51,6 +51,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from bipe_jax import attention_support
 from bipe_jax import flash_attention
 from bipe_jax import kernels as kernels_lib
 from bipe_jax.kernels.gqa_products import NEG_INF
@@ -63,8 +64,8 @@ BiasFn = Callable[[Any, Any], jax.Array]
 TransformFn = Callable[..., jax.Array]
 MaskFn = Callable[[Any, Any], jax.Array]
 
-ATTENTION_IMPLS = ('dense', 'blockwise', 'cudnn', 'fused', 'pallas')
-FUSED_IMPLS = ('cudnn', 'fused')  # jax.nn.dot_product_attention: no bias_fn / transform
+ATTENTION_IMPLS = attention_support.ATTENTION_IMPLS
+FUSED_IMPLS = attention_support.FUSED_IMPLS
 
 
 def _check_shapes(q, k, v, q_pos, k_pos):
@@ -277,25 +278,37 @@ xla_fused_attention = _fused_impl('fused', None)
 cudnn_attention = _fused_impl('cudnn', 'cudnn')
 
 
-def pallas_attention(q_BxHxQxDh: jax.Array, k_BxGxKxDh: jax.Array, v_BxGxKxDh: jax.Array, *,
-                     bias_fn: Optional[BiasFn] = None, transform_fn: Optional[TransformFn] = None,
-                     mask_fn: Optional[MaskFn] = None, k_in_range: Optional[jax.Array] = None,
-                     **kwargs) -> jax.Array:
-  """attention_impl='pallas': `bipe_jax.pallas.pallas_attention` (the bias as `tile_bias` and
-  `bias_params_HxP`; ValueError for a bias_fn, score transform or mask_fn it cannot run)."""
-  del k_in_range  # no transform, so only k_valid matters
-  if bias_fn is not None or transform_fn is not None or mask_fn is not None:
-    raise ValueError("attention_impl='pallas' takes the bias as tile_bias / bias_params_HxP "
-                     "(ALiBi, Kerple, T5 or none), not a bias_fn, score transform or mask_fn; "
-                     "use 'blockwise' or 'dense' for this encoding.")
-  from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
-  return pallas.pallas_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
+def _tile_bias_impl(impl: str) -> Callable[..., jax.Array]:
+  """attention_impl=`impl` ('pallas': the TPU kernel, 'pallas_gpu': the GPU one): the bias as
+  `tile_bias` / `bias_params_HxP`; ValueError for a bias_fn, score transform or mask_fn."""
+
+  def attend(q_BxHxQxDh: jax.Array, k_BxGxKxDh: jax.Array, v_BxGxKxDh: jax.Array, *,
+             bias_fn: Optional[BiasFn] = None, transform_fn: Optional[TransformFn] = None,
+             mask_fn: Optional[MaskFn] = None, k_in_range: Optional[jax.Array] = None,
+             **kwargs) -> jax.Array:
+    del k_in_range  # no transform, so only k_valid matters
+    if bias_fn is not None or transform_fn is not None or mask_fn is not None:
+      raise ValueError(f"attention_impl={impl!r} takes the bias as tile_bias / bias_params_HxP "
+                       "(ALiBi, Kerple, T5 or none), not a bias_fn, score transform or mask_fn; "
+                       "use 'blockwise' or 'dense' for this encoding.")
+    from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+    kernel = pallas.pallas_attention if impl == 'pallas' else pallas.pallas_gpu_attention
+    return kernel(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
+
+  attend.__name__ = f'{impl}_attention'
+  return attend
+
+
+pallas_attention = _tile_bias_impl('pallas')
+pallas_gpu_attention = _tile_bias_impl('pallas_gpu')
 
 
 def attention_fn(impl: str) -> Callable[..., jax.Array]:
   """The attention function for `model.attention_impl` (see ATTENTION_IMPLS)."""
   impls = {'dense': dense_attention, 'blockwise': blockwise_attention,
-           'cudnn': cudnn_attention, 'fused': xla_fused_attention, 'pallas': pallas_attention}
+           'cudnn': cudnn_attention, 'fused': xla_fused_attention, 'pallas': pallas_attention,
+           'pallas_gpu': pallas_gpu_attention}
   if impl not in impls:
-    raise ValueError(f'attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}.')
+    raise ValueError(f'attention_impl must be one of {ATTENTION_IMPLS[1:]} (resolve \'auto\' '
+                     f'first: attention_support.resolve_attention_impl), got {impl!r}.')
   return impls[impl]

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Tuple
 
 import jax.numpy as jnp
 
-from bipe_jax import attention
+from bipe_jax import attention_support
 from bipe_jax import kernels
 from bipe_jax import remat as remat_lib
 from bipe_jax import schemes
@@ -57,7 +57,9 @@ class ModelConfig:
   pad_id: int = -1  # -1 = no padding token
   restart_at_documents: bool = False  # official BiPE: segments do not restart at BOS
   mask_across_documents: bool = False  # official: packed documents attend to each other
-  attention_impl: str = 'blockwise'  # dense | blockwise | cudnn | fused | pallas
+  # auto | dense | blockwise | cudnn | fused | pallas | pallas_gpu (bipe_jax.attention_support:
+  # which runs which scheme, and what 'auto' picks per platform)
+  attention_impl: str = 'blockwise'
   block_size: int = 128
   dtype: str = 'float32'  # compute dtype; float32 | bfloat16
   remat: Any = 'none'  # none | full | save_projections (False / True: none / full); remat.py
@@ -211,12 +213,11 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
     raise _err('restart_at_documents', True, 'needs bos_id >= 0 (document starts are BOS)')
   if cfg.mask_across_documents and cfg.bos_id < 0:
     raise _err('mask_across_documents', True, 'needs bos_id >= 0 (document starts are BOS)')
-  if cfg.attention_impl not in attention.ATTENTION_IMPLS:
+  if cfg.attention_impl not in attention_support.ATTENTION_IMPLS:
     raise _err('attention_impl', cfg.attention_impl,
-               f'must be one of {attention.ATTENTION_IMPLS}')
-  if cfg.attention_impl in attention.FUSED_IMPLS:
-    fusable = cfg.scheme.transform == 'none' and cfg.scheme.bias in ('none', 'alibi')
-    if not fusable:
+               f'must be one of {attention_support.ATTENTION_IMPLS}')
+  if cfg.attention_impl in attention_support.FUSED_IMPLS:
+    if not attention_support.fusable(cfg.scheme):
       raise _err('attention_impl', cfg.attention_impl,
                  f'supports only encodings without bias or transform, and the ALiBi family, '
                  f'not {cfg.position_encoding!r}; use blockwise or dense')
@@ -225,8 +226,8 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                  f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
                  'that never decrease between visible tokens: with restart_at_documents, set '
                  'mask_across_documents=True (or use blockwise)')
-  if cfg.attention_impl == 'pallas' and (cfg.scheme.transform != 'none'
-                                         or cfg.scheme.bias not in ('none', 'alibi', 'kerple', 't5')):
+  if (cfg.attention_impl in attention_support.TILE_BIAS_IMPLS
+      and not attention_support.runs_on_tiles(cfg.scheme)):
     raise _err('attention_impl', cfg.attention_impl,
                f'computes only the ALiBi, Kerple and T5 biases (and none) per tile, not '
                f'{cfg.position_encoding!r}; use blockwise or dense')

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bipe_jax import attention as attention_lib
+from bipe_jax import attention_support
 from bipe_jax import context_parallel
 from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
@@ -189,7 +190,7 @@ class Attention(nn.Module):
     return None
 
   def _tile_bias(self) -> tuple:
-    """(TileBias, params [H, P]) of the scheme's bias for attention_impl='pallas': the same
+    """(TileBias, params [H, P]) of the scheme's bias for the Pallas kernels: the same
     parameters (names, initialisers, Kerple's clamp) as `_bias_fn`'s modules."""
     from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
     cfg, s = self.config, self.config.scheme
@@ -261,8 +262,10 @@ class Attention(nn.Module):
         cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, at)
         k, v = cached_k.value, cached_v.value
 
-    impl = cfg.attention_impl
-    if self.decode and impl in (*attention_lib.FUSED_IMPLS, 'pallas'):
+    # 'auto' left unresolved by a mesh (a model used directly): the platform traced for
+    impl = attention_support.resolve_attention_impl(cfg.attention_impl, scheme,
+                                                    jax.default_backend(), cfg.dtype)
+    if self.decode and impl in (*attention_lib.FUSED_IMPLS, *attention_support.TILE_BIAS_IMPLS):
       impl = 'dense'
     transform_fn, halo = self._transform_fn()
     kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, transform_fn=transform_fn)
@@ -270,7 +273,7 @@ class Attention(nn.Module):
       # ALiBi as a per-key bias (alibi.alibi_key_bias: equal after the softmax)
       kwargs.update(key_bias_BxHx1xK=alibi.alibi_key_bias(
           k_side.stream(scheme.bias_stream), alibi.alibi_slopes(h), cfg.slope_factor))
-    elif impl == 'pallas':
+    elif impl in attention_support.TILE_BIAS_IMPLS:
       tile_bias, bias_params = self._tile_bias()
       batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
       kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=cfg.block_size,

@@ -35,6 +35,8 @@ A path is a module with the same functions (`select` returns it):
 import dataclasses
 from typing import Any, Optional
 
+from bipe_jax import attention_support
+
 KERNELS = ('auto', 'portable', 'cpu')
 
 
@@ -68,11 +70,18 @@ def mesh_platform(mesh) -> str:
 
 def config_for_mesh(model_config: Any, mesh) -> Any:
   """`model_config` (a dataclass with a `kernels` field, e.g. ModelConfig) with 'auto' resolved
-  for the devices of `mesh`; an explicit 'portable' / 'cpu' is kept."""
-  resolved = resolve_kernels(model_config.kernels, mesh_platform(mesh))
-  if resolved == model_config.kernels:
-    return model_config
-  return dataclasses.replace(model_config, kernels=resolved)
+  for the devices of `mesh`; an explicit 'portable' / 'cpu' is kept. A config that also has
+  `attention_impl` and `scheme` gets attention_impl='auto' resolved the same way
+  (bipe_jax.attention_support)."""
+  platform = mesh_platform(mesh)
+  changes = {}
+  resolved = resolve_kernels(model_config.kernels, platform)
+  if resolved != model_config.kernels:
+    changes['kernels'] = resolved
+  if getattr(model_config, 'attention_impl', None) == 'auto':
+    changes['attention_impl'] = attention_support.resolve_attention_impl(
+        'auto', model_config.scheme, platform, getattr(model_config, 'dtype', 'float32'))
+  return dataclasses.replace(model_config, **changes) if changes else model_config
 
 
 def model_for_mesh(model: Any, mesh) -> Any:

@@ -5,7 +5,8 @@ tile's bias from the position slices (bipe_jax.pallas.backward). Memory is linea
 passes. Lowering: Mosaic on TPU; on CPU the same kernels run in Pallas interpret mode (chosen
 when the program is lowered, by `jax.lax.platform_dependent`, so a TPU program compiled ahead of
 time on a CPU host still gets Mosaic). There is no GPU (Triton) lowering: the kernels use the
-TPU grid spec (scalar prefetch, VMEM scratch accumulated across an "arbitrary" grid axis).
+TPU grid spec (scalar prefetch, VMEM scratch accumulated across an "arbitrary" grid axis): the
+GPU kernels of the same contract are gpu_attention.py.
 """
 
 import dataclasses
@@ -110,8 +111,8 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
     raise ValueError('pallas attention: q_streams / k_streams and q_document / k_document '
                      'must each be given together.')
   if jax.default_backend() == 'gpu' and interpret is None:
-    raise ValueError("attention_impl='pallas' has a TPU (Mosaic) lowering only; on GPU use "
-                     "'blockwise' or 'cudnn'.")
+    raise ValueError("attention_impl='pallas' is the TPU (Mosaic) kernel; on a GPU use "
+                     "'pallas_gpu' (the same tile biases in Triton), 'cudnn' or 'auto'.")
   if bias_params_HxP is None:
     bias_params_HxP = jnp.zeros((h, tile_bias.num_params), jnp.float32)
   tile_bias.check_params(bias_params_HxP, h)

@@ -58,29 +58,39 @@ class TileBias:
 
   def bias(self, params_1xP, qs_Qx1, ks_1xK):
     """float32 [q, k] bias of one head (None for kind 'none')."""
-    col = lambda n: params_1xP[:, n:n + 1]  # [1, 1], broadcasts over the tile
+    return self.bias_from(lambda n: params_1xP[:, n:n + 1], qs_Qx1, ks_1xK)
+
+  def bias_from(self, param, qs_Qx1, ks_1xK):
+    """`bias` with the head's parameters read through `param(n)` -> the n-th parameter as a
+    value that broadcasts over the tile ([1, 1] on TPU, a scalar in the GPU kernels, which
+    cannot slice a loaded array)."""
     if self.kind == 'none':
       return None
     if self.kind == 't5':
       out = jnp.zeros((qs_Qx1.shape[0], ks_1xK.shape[1]), jnp.float32)
       for n, hit in enumerate(self._t5_onehots(qs_Qx1, ks_1xK)):
-        out = jnp.where(hit, col(n), out)
+        out = jnp.where(hit, param(n), out)
       return out
     d = self._distance(qs_Qx1, ks_1xK).astype(jnp.float32)
     if self.kind == 'alibi':
-      return -col(0) * d
-    return -col(0) * jnp.log1p(col(1) * d)  # kerple
+      return -param(0) * d
+    return -param(0) * jnp.log1p(param(1) * d)  # kerple
 
   def param_grads(self, params_1xP, qs_Qx1, ks_1xK, ds_QxK):
     """float32 [1, P]: the tile's contribution to d loss / d params (zeros for fixed kinds)."""
-    total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
     if self.kind in ('none', 'alibi'):
       return jnp.zeros((1, self.num_params), jnp.float32)
+    total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
+    terms = self.param_grad_tiles(lambda n: params_1xP[:, n:n + 1], qs_Qx1, ks_1xK, ds_QxK)
+    return jnp.concatenate([total(term) for term in terms], axis=1)
+
+  def param_grad_tiles(self, param, qs_Qx1, ks_1xK, ds_QxK) -> list:
+    """[P] float32 [q, k] tiles whose sums are d loss / d params[n] (empty for fixed kinds:
+    'none' and 'alibi'); parameters read through `param(n)` as in `bias_from`."""
+    if self.kind in ('none', 'alibi'):
+      return []
     if self.kind == 't5':
-      return jnp.concatenate([total(jnp.where(hit, ds_QxK, 0.0))
-                              for hit in self._t5_onehots(qs_Qx1, ks_1xK)], axis=1)
+      return [jnp.where(hit, ds_QxK, 0.0) for hit in self._t5_onehots(qs_Qx1, ks_1xK)]
     d = self._distance(qs_Qx1, ks_1xK).astype(jnp.float32)
-    p, a = params_1xP[:, 0:1], params_1xP[:, 1:2]
-    d_p = total(ds_QxK * -jnp.log1p(a * d))
-    d_a = total(ds_QxK * (-p * d / (1.0 + a * d)))
-    return jnp.concatenate([d_p, d_a], axis=1)
+    p, a = param(0), param(1)
+    return [ds_QxK * -jnp.log1p(a * d), ds_QxK * (-p * d / (1.0 + a * d))]

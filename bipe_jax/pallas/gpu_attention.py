@@ -1,0 +1,140 @@
+"""`pallas_gpu_attention`: the tile-bias attention for GPUs (Pallas on Triton), with a custom VJP.
+
+The same contract as `bipe_jax.pallas.pallas_attention` (the TPU kernel): the bias is a
+`TileBias` kind ('none', 'alibi', 'kerple', 't5') with per-head parameters [H, P], computed per
+tile from position slices; masks, GQA and ragged lengths as bipe_jax.attention; values and
+gradients (q, k, v and the bias parameters) equal dense attention with the matching bias_fn.
+The forward saves only the output and the per-row log-sum-exp; the backward recomputes each
+tile (gpu_backward.py). Memory is linear in T in both passes.
+
+Lowering: Triton on a CUDA GPU; on CPU the same kernels run in Pallas interpret mode (chosen when
+the program is lowered, by `jax.lax.platform_dependent`, so a GPU program lowered ahead of time on
+a CPU host still gets Triton). Triton needs power-of-two tiles (>= 16), head dim and parameter
+count; the tiles here are powers of two, and a shorter sequence is padded to one tile.
+"""
+
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from bipe_jax.pallas import gpu_backward as bwd
+from bipe_jax.pallas import gpu_forward as fwd
+from bipe_jax.pallas import layout
+from bipe_jax.pallas import sharding
+from bipe_jax.pallas.tile_bias import TileBias
+
+GPU_BLOCK = 64
+MIN_TRITON_BLOCK = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  tile_bias: TileBias
+  scale: float
+  causal: bool
+  block_q: int
+  block_k: int
+  interpret: Optional[bool]  # None: interpret on CPU, Triton elsewhere
+
+  def run(self, kernel_fn, *args):
+    """kernel_fn(*args, interpret=...) in the mode of the platform the program is lowered for."""
+    kw = dict(tile_bias=self.tile_bias, scale=self.scale, causal=self.causal,
+              block_q=self.block_q, block_k=self.block_k)
+    if self.interpret is not None:
+      return kernel_fn(*args, interpret=self.interpret, **kw)
+    return jax.lax.platform_dependent(
+        *args, cpu=functools.partial(kernel_fn, interpret=True, **kw),
+        default=functools.partial(kernel_fn, interpret=False, **kw))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend(static, q, k, v, params, q_info, k_info):
+  return static.run(fwd.forward, q, k, v, params, q_info, k_info)[0]
+
+
+def _attend_fwd(static, q, k, v, params, q_info, k_info):
+  out, lse = static.run(fwd.forward, q, k, v, params, q_info, k_info)
+  return out, (q, k, v, params, q_info, k_info, out, lse)
+
+
+def _attend_bwd(static, residuals, d_out):
+  q, k, v, params, q_info, k_info, out, lse = residuals
+  dq, dk, dv, d_params = static.run(bwd.backward, q, k, v, out, lse, d_out, params, q_info,
+                                    k_info)
+  return dq, dk, dv, d_params.astype(params.dtype), None, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def gpu_block(requested: int, length: int) -> int:
+  """A power-of-two tile <= `requested` (>= 16), no longer than `length` rounded up to one."""
+  fit = max(MIN_TRITON_BLOCK, 1 << max(0, math.ceil(math.log2(max(1, length)))))
+  return min(1 << int(math.log2(max(MIN_TRITON_BLOCK, requested))), fit)
+
+
+def pallas_gpu_attention(q_BxHxQxDh: jax.Array,
+                         k_BxGxKxDh: jax.Array,
+                         v_BxGxKxDh: jax.Array,
+                         *,
+                         q_pos: jax.Array,
+                         k_pos: jax.Array,
+                         q_streams: Optional[jax.Array] = None,
+                         k_streams: Optional[jax.Array] = None,
+                         tile_bias: TileBias = TileBias(),
+                         bias_params_HxP: Optional[jax.Array] = None,
+                         k_valid: Optional[jax.Array] = None,
+                         q_document: Optional[jax.Array] = None,
+                         k_document: Optional[jax.Array] = None,
+                         causal: bool = True,
+                         scale: Optional[float] = None,
+                         block_q: int = GPU_BLOCK,
+                         block_k: int = GPU_BLOCK,
+                         interpret: Optional[bool] = None,
+                         batch_axes: sharding.Axes = None,
+                         head_axes: sharding.Axes = None) -> jax.Array:
+  """Attention with an on-the-fly bias; [B, H, Q, Dh] in q's dtype. Arguments as
+  `bipe_jax.pallas.pallas_attention` (the TPU kernel); `block_q` / `block_k` are rounded down to
+  powers of two (>= 16)."""
+  q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
+  b, h, _, d = q.shape
+  g = k.shape[1]
+  if q.ndim != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d or h % g:
+    raise ValueError(f'pallas gpu attention: q [B, H, Q, Dh] and k, v [B, G, K, Dh] with G '
+                     f'dividing H; got {q.shape}, {k.shape}, {v.shape}.')
+  if (q_streams is None) != (k_streams is None) or (q_document is None) != (k_document is None):
+    raise ValueError('pallas gpu attention: q_streams / k_streams and q_document / k_document '
+                     'must each be given together.')
+  if bias_params_HxP is None:
+    bias_params_HxP = jnp.zeros((h, tile_bias.num_params), jnp.float32)
+  tile_bias.check_params(bias_params_HxP, h)
+  if q_streams is None:
+    q_streams, k_streams = q_pos, k_pos
+  arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, q_pos=q_pos, k_pos=k_pos,
+                q_streams=q_streams, k_streams=k_streams, k_valid=k_valid,
+                q_document=q_document, k_document=k_document)
+  arrays = {name: x for name, x in arrays.items() if x is not None}
+  run = functools.partial(_run_on_shard, tile_bias=tile_bias, causal=causal, scale=scale,
+                          block_q=block_q, block_k=block_k, interpret=interpret)
+  return sharding.per_shard(run, arrays, num_heads=h, num_kv_heads=g, batch_axes=batch_axes,
+                            head_axes=head_axes)
+
+
+def _run_on_shard(a: dict, *, tile_bias, causal, scale, block_q, block_k, interpret):
+  """pallas_gpu_attention on one shard's arrays (`a`: the non-None arguments by name)."""
+  q, k, v = a['q'], a['k'], a['v']
+  nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
+  bq, bk = gpu_block(block_q, nq), gpu_block(block_k, nk)
+  tq, tk = layout.round_up(nq, bq), layout.round_up(nk, bk)
+  q_info = layout.query_info(a['q_pos'], a['q_streams'], a.get('q_document'), tq)
+  k_info = layout.key_info(a['k_pos'], a['k_streams'], a.get('k_document'), a.get('k_valid'),
+                           tk)
+  scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+  static = _Static(tile_bias, scale, causal, bq, bk, interpret)
+  out = _attend(static, layout.pad_to(q, 2, tq, 0), layout.pad_to(k, 2, tk, 0),
+                layout.pad_to(v, 2, tk, 0), a['params'], q_info, k_info)
+  return out[:, :, :nq]
