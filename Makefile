@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.test-installed
 TPU_STAMP := $(VENV)/.tpu-installed
 CUDA_STAMP := $(VENV)/.cuda-installed
 
-.PHONY: test test-fast demo demo-all demo-dape setup setup-cuda clean
+.PHONY: test test-fast test-gpu demo demo-all demo-dape setup setup-cuda clean
 
 # The requirements files pin every version; pyproject.toml names what each part needs (core,
 # [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
@@ -44,9 +44,21 @@ $(TEST_STAMP): $(CORE_STAMP) $(TPU_STAMP) $(CUDA_STAMP) requirements-interop.txt
 
 setup: $(TEST_STAMP)
 
-# The whole suite, slow end-to-end tests included.
+# The whole suite, slow end-to-end tests included (tests/gpu needs a GPU: make test-gpu).
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --ignore=tests/gpu tests
+
+# On a host with an NVIDIA GPU: the CUDA runtime (requirements-gpu.txt), the GPU suite (cuDNN and
+# the Triton tile-bias kernels against dense attention, bf16 training) and the 151M step
+# benchmark. Elsewhere it says so in one line and runs nothing.
+test-gpu: $(TEST_STAMP)
+	@if ! nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "make test-gpu: no NVIDIA GPU on this host (nvidia-smi lists none); nothing run"; \
+	else \
+	  $(PY) -m pip install -qq -r requirements-gpu.txt && \
+	  JAX_PLATFORMS=cuda $(PY) -m pytest -q tests/gpu && \
+	  JAX_PLATFORMS=cuda $(PY) benchmarks/gpu_step.py; \
+	fi
 
 # Everything but the tests marked slow.
 test-fast: $(TEST_STAMP)

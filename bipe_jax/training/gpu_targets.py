@@ -38,7 +38,6 @@ class GpuTarget:
   memory_bytes: int
   memory_bandwidth: int  # bytes / s
   clock_ghz: float
-  peak_bf16_flops: float  # dense tensor-core FLOP/s, for MFU figures
 
   def target_config(self) -> str:
     """The `GpuTargetConfigProto` text XLA's GPU compiler reads in place of a driver query."""
@@ -69,11 +68,11 @@ class GpuTarget:
 GPU_TARGETS = {
     t.name: t for t in (
         GpuTarget('h100', 'NVIDIA H100 80GB HBM3', (9, 0), 132, 233472, 232448, 50 * 2 ** 20,
-                  80 * 10 ** 9, 3_350 * 10 ** 9, 1.98, 989e12),
+                  80 * 10 ** 9, 3_350 * 10 ** 9, 1.98),
         GpuTarget('h200', 'NVIDIA H200', (9, 0), 132, 233472, 232448, 50 * 2 ** 20,
-                  141 * 10 ** 9, 4_800 * 10 ** 9, 1.98, 989e12),
+                  141 * 10 ** 9, 4_800 * 10 ** 9, 1.98),
         GpuTarget('a100', 'NVIDIA A100-SXM4-80GB', (8, 0), 108, 167936, 166912, 40 * 2 ** 20,
-                  80 * 10 ** 9, 2_039 * 10 ** 9, 1.41, 312e12),
+                  80 * 10 ** 9, 2_039 * 10 ** 9, 1.41),
     )
 }
 
