@@ -26,7 +26,7 @@ def _probabilities(q, k, v, do, lse, delta, q_fields, k_fields, param, statics):
   """(p, dS) float32 [q, k] of one tile; lse, delta [q]."""
   s, vis = gpu_tiles.tile_logits(q, k, q_fields, k_fields, param, **statics)
   p = jnp.where(vis, jnp.exp(s - lse[:, None]), 0.0)
-  dp = pl.dot(do, v, trans_b=True).astype(jnp.float32)
+  dp = jax.lax.dot_general(do, v, gpu_tiles.TRANS_B, preferred_element_type=jnp.float32)
   return p, p * (dp - delta[:, None])
 
 
@@ -55,7 +55,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, 
       k = k_ref[cols, :]
       _, ds = _probabilities(q, k, v_ref[cols, :], do, lse, delta, q_fields, k_fields, param,
                              statics)
-      dq = dq + pl.dot(ds.astype(k.dtype), k).astype(jnp.float32)
+      dq = dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
       terms = statics['tile_bias'].param_grad_tiles(param, q_fields[1], k_fields[1], ds)
       return dq, dparams + _param_vector(terms, num_params)
 
@@ -85,8 +85,10 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
         q, do = q_ref[head, rows, :], do_ref[head, rows, :]
         p, ds = _probabilities(q, k, v, do, lse_ref[head, rows], delta_ref[head, rows],
                                q_fields, k_fields, param, statics)
-        dv = dv + pl.dot(p.astype(do.dtype), do, trans_a=True).astype(jnp.float32)
-        dk = dk + pl.dot(ds.astype(q.dtype), q, trans_a=True).astype(jnp.float32)
+        dv = dv + jax.lax.dot_general(p.astype(do.dtype), do, gpu_tiles.TRANS_A,
+                                      preferred_element_type=jnp.float32)
+        dk = dk + jax.lax.dot_general(ds.astype(q.dtype), q, gpu_tiles.TRANS_A,
+                                      preferred_element_type=jnp.float32)
         return dk, dv
 
       return gpu_tiles.maybe(statics['causal'], k_min <= jnp.max(q_fields[0]), compute, carry)

@@ -41,7 +41,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, qi_ref, ki_ref, params_ref, o_ref, lse_
       p = jnp.where(vis, jnp.exp(s - m_new[:, None]), 0.0)
       corr = jnp.exp(m - m_new)
       v = v_ref[cols, :]
-      acc = corr[:, None] * acc + pl.dot(p.astype(v.dtype), v).astype(jnp.float32)
+      acc = corr[:, None] * acc + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
       return m_new, corr * l + jnp.sum(p, axis=1), acc
 
     return gpu_tiles.maybe(causal, jnp.min(k_fields[0]) <= q_max, compute, carry)

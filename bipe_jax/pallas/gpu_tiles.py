@@ -14,6 +14,9 @@ from jax.experimental import pallas as pl
 from bipe_jax.kernels.gqa_products import NEG_INF
 from bipe_jax.pallas import layout
 
+TRANS_B = (((1,), (1,)), ((), ()))  # a [m, d] . b [n, d] -> [m, n]
+TRANS_A = (((0,), (0,)), ((), ()))  # a [d, m] . b [d, n] -> [m, n]
+
 
 def query_fields(qi_ref, rows):
   """(causal index, bias stream, document) int32 [q, 1] of the query rows `rows` (a pl.ds)."""
@@ -38,7 +41,7 @@ def visible(q_fields, k_fields, causal: bool):
 
 def tile_logits(q, k, q_fields, k_fields, param, *, tile_bias, scale: float, causal: bool):
   """(masked logits float32 [q, k], visible bool [q, k]) of q [q, Dh] against k [k, Dh]."""
-  s = pl.dot(q, k, trans_b=True).astype(jnp.float32) * scale
+  s = jax.lax.dot_general(q, k, TRANS_B, preferred_element_type=jnp.float32) * scale
   bias = tile_bias.bias_from(param, q_fields[1], k_fields[1])
   if bias is not None:
     s = s + bias
