@@ -26,9 +26,9 @@ from bipe_jax import config as config_lib
 from bipe_jax import kernels
 from bipe_jax import model as model_lib
 from bipe_jax.training import config_validation
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer
-from bipe_jax.training import train_state
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer
+from bipe_jax.state import train_state
 from bipe_jax.training import train_step
 
 GIB = 1024 ** 3

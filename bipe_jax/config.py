@@ -181,7 +181,7 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if cfg.train_length == 0 and (cfg.rope_log_scale or cfg.scheme.bias == 'fire'):
     raise _err('train_length', 0, derive)
   # For inter-stream rotary the original length is in segments, resolved at training start from
-  # the data (bipe_jax.training.position_stats): allowed to be 0 until then.
+  # the data (bipe_jax.runs.position_stats): allowed to be 0 until then.
   inter_later = inter_length_later and cfg.scheme.rotary == 'inter'
   if cfg.rope_original_length == 0 and cfg.rope_scaling != 'none' and not inter_later:
     raise _err('rope_original_length', 0, derive)
@@ -253,7 +253,7 @@ def model_config_from_dict(model: Mapping[str, Any], *,
   A bipe_* scheme with no separator ids is an error unless `require_separators=False` (the
   check of a config whose ids are resolved later, at training start). `inter_length_later=True`
   accepts rope_original_length=0 for an inter-stream rotary scheme with a scaling: it is in
-  segments, resolved at training start from the data (bipe_jax.training.position_stats).
+  segments, resolved at training start from the data (bipe_jax.runs.position_stats).
   """
   values = dict(model.to_dict() if hasattr(model, 'to_dict') else model)
   known = {f.name for f in dataclasses.fields(ModelConfig)}

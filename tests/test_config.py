@@ -56,7 +56,7 @@ def _library_fallbacks() -> list[tuple[str, str, object]]:
 # Fallbacks that are not config defaults, with why.
 NOT_DEFAULTS = {
     ('separators', 'ids'): 'model fields of a Hugging Face import carry explicit separator ids',
-    ('data', 1): "a compiled mesh's shape (training/aot_compile.py), not config.mesh",
+    ('data', 1): "a compiled mesh's shape (compile/aot.py), not config.mesh",
 }
 
 

@@ -480,7 +480,7 @@ def test_convert_cli_round_trip_through_a_workdir(llama_folder, tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
   assert os.path.isfile(os.path.join(workdir, 'config.py'))
-  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import restore as runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, attention_impl='dense')
   assert run.step == 0 and run.model_config.position_encoding == 'rope'
   ids = _ids_with_segments(16, 6)[None]

@@ -11,13 +11,13 @@ Three implementations share one contract:
                        blocks; blocks entirely above the causal diagonal are skipped
                        (`lax.cond`); biases / transforms are evaluated per block from position
                        slices, so no [T, T] array is ever built. Memory is linear in T,
-                       training included (a flash-style custom VJP: flash_attention.py).
+                       training included (a flash-style custom VJP: attention/flash.py).
   fused_attention      `jax.nn.dot_product_attention` (XLA on CPU, cuDNN on GPU where it
                        applies) for schemes with no transform and no bias but an optional
                        per-key bias [B, H, 1, K]: the RoPE family, and the ALiBi family through
                        `alibi.alibi_key_bias` (see there for when that identity holds).
   cudnn_attention      the same, forced to `implementation='cudnn'` (GPU only).
-  pallas_attention     Pallas kernels (bipe_jax.pallas) that compute ALiBi / Kerple / T5 biases
+  pallas_attention     Pallas kernels (bipe_jax.attention.pallas) that compute ALiBi / Kerple / T5 biases
                        per tile from a bias kind and its per-head parameters (`tile_bias`,
                        `bias_params_HxP`) instead of a bias_fn; linear memory in both passes.
 
@@ -51,13 +51,13 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from bipe_jax import flash_attention
+from bipe_jax.attention import flash as flash_attention
 from bipe_jax import kernels as kernels_lib
 from bipe_jax.kernels.gqa_products import NEG_INF
 from bipe_jax.kernels.gqa_products import attention_scores
 from bipe_jax.kernels.gqa_products import weighted_values
-from bipe_jax.attention_blocks import block_logits as _block_logits
-from bipe_jax.attention_blocks import visible as _visible
+from bipe_jax.attention.blocks import block_logits as _block_logits
+from bipe_jax.attention.blocks import visible as _visible
 
 BiasFn = Callable[[Any, Any], jax.Array]
 TransformFn = Callable[..., jax.Array]
@@ -170,7 +170,7 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
   fit in one block this is `dense_attention` itself (measured faster there).
 
   Memory is linear in T in the forward AND the backward pass: a flash-style custom VJP
-  (bipe_jax/flash_attention.py) saves only the output and the per-row log-sum-exp and
+  (bipe_jax/attention/flash.py) saves only the output and the per-row log-sum-exp and
   recomputes each block's scores, bias and transform in the backward pass.
   `checkpoint_blocks` is accepted for compatibility and has no effect (the backward always
   recomputes the blocks).
@@ -281,14 +281,14 @@ def pallas_attention(q_BxHxQxDh: jax.Array, k_BxGxKxDh: jax.Array, v_BxGxKxDh: j
                      bias_fn: Optional[BiasFn] = None, transform_fn: Optional[TransformFn] = None,
                      mask_fn: Optional[MaskFn] = None, k_in_range: Optional[jax.Array] = None,
                      **kwargs) -> jax.Array:
-  """attention_impl='pallas': `bipe_jax.pallas.pallas_attention` (the bias as `tile_bias` and
+  """attention_impl='pallas': `bipe_jax.attention.pallas.pallas_attention` (the bias as `tile_bias` and
   `bias_params_HxP`; ValueError for a bias_fn, score transform or mask_fn it cannot run)."""
   del k_in_range  # no transform, so only k_valid matters
   if bias_fn is not None or transform_fn is not None or mask_fn is not None:
     raise ValueError("attention_impl='pallas' takes the bias as tile_bias / bias_params_HxP "
                      "(ALiBi, Kerple, T5 or none), not a bias_fn, score transform or mask_fn; "
                      "use 'blockwise' or 'dense' for this encoding.")
-  from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+  from bipe_jax.attention import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
   return pallas.pallas_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
 
 

@@ -2,7 +2,7 @@
 conversion (below training and evaluation, so neither imports the other).
 
 A training workdir (train/main.py) holds the config the run used and Orbax checkpoints of the
-train state (bipe_jax/training/checkpointing.py). `load_run` reads the config, rebuilds the
+train state (bipe_jax/state/checkpointing.py). `load_run` reads the config, rebuilds the
 model with evaluation overrides (blockwise attention, so memory grows linearly with length),
 lays the parameters out on a mesh of this machine's devices, and restores the latest (or a
 named) checkpoint, falling back past one that cannot be read, with a warning. It never
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from typing import Any, Callable
 
@@ -21,13 +22,13 @@ import ml_collections
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import kernels
-from bipe_jax import run_tokenizer
-from bipe_jax import workdir_io
+from bipe_jax.runs import tokenizer as run_tokenizer
+from bipe_jax.runs import workdir_io
 from bipe_jax import model as model_lib
-from bipe_jax.training import checkpointing
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer as optimizer_lib
-from bipe_jax.training import train_state as train_state_lib
+from bipe_jax.state import checkpointing
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer as optimizer_lib
+from bipe_jax.state import train_state as train_state_lib
 
 CONFIG_FILES = ('config.json',)
 
@@ -80,6 +81,13 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
       return ml_collections.ConfigDict(saved)
   raise RunError(f'workdir {workdir!r} has no saved config ({" or ".join(CONFIG_FILES)}): is it '
                  'a training workdir of train/main.py?')
+
+
+def parse_source(spec: str) -> tuple[str, int | None]:
+  """'DIR' -> (DIR, None); 'DIR@123' -> (DIR, 123)."""
+  match = re.fullmatch(r'(.+)@(\d+)', spec)
+  path, step = (match.group(1), int(match.group(2))) if match else (spec, None)
+  return workdir_io.absolute(path), step
 
 
 def checkpoint_dir(workdir: str, config) -> str:

@@ -7,7 +7,9 @@ on stderr naming what would help), 2 a bad config, topology or eval length.
 import json
 import sys
 
-from bipe_jax.training import aot_compile
+from bipe_jax.compile import aot
+from bipe_jax.compile import report as report_lib
+from bipe_jax.compile.topologies import CompileError
 from bipe_jax.training import config_validation
 
 
@@ -23,17 +25,17 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
           file=sys.stderr)
     return 2
   try:
-    report = aot_compile.compile_for_topology(config, topology, num_slices=num_slices,
-                                              eval_lengths=lengths,
-                                              eval_batch_size=eval_batch_size)
-  except (config_validation.ConfigError, aot_compile.CompileError) as e:
+    report = aot.compile_for_topology(config, topology, num_slices=num_slices,
+                                      eval_lengths=lengths,
+                                      eval_batch_size=eval_batch_size)
+  except (config_validation.ConfigError, CompileError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
-  print(aot_compile.format_report(report), flush=True)
+  print(report_lib.format_report(report), flush=True)
   if output:
     with open(output, 'w', encoding='utf-8') as f:
       json.dump(report.to_json(), f, indent=1)
   if not all(report.fits(step) for step in report.steps):
-    print(f'error: {aot_compile.fit_advice(report)}', file=sys.stderr, flush=True)
+    print(f'error: {report_lib.fit_advice(report)}', file=sys.stderr, flush=True)
     return 1
   return 0
