@@ -7,6 +7,7 @@ from typing import Optional
 from bipe_jax.compile.hlo_stats import COLLECTIVE_KINDS
 from bipe_jax.compile.topologies import GIB
 
+@dataclasses.dataclass
 class StepFigures:
   """Per-chip figures of one compiled program (bytes, FLOPs, collectives)."""
   name: str  # 'train' or 'eval@<length>'
