@@ -17,6 +17,7 @@ from typing import Any, Mapping, Tuple
 import jax.numpy as jnp
 
 from bipe_jax import attention
+from bipe_jax.attention import support as attention_support
 from bipe_jax import kernels
 from bipe_jax import remat as remat_lib
 from bipe_jax import schemes
@@ -198,7 +199,7 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                f'ids {bad} are out of range: allowed 0..{cfg.vocab_size - 1}')
   if cfg.separators == 'ids' and not cfg.separator_ids:
     raise _err('separator_ids', cfg.separator_ids, "must not be empty with separators='ids'")
-  if require_separators and cfg.position_encoding.startswith('bipe') and not cfg.separator_ids:
+  if require_separators and cfg.scheme.bilevel and not cfg.separator_ids:
     raise _err('separator_ids', cfg.separator_ids,
                f'is empty, so every token of a {cfg.position_encoding} model would be in segment '
                f'0: resolve model.separators={cfg.separators!r} from the tokenizer '
@@ -214,22 +215,14 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if cfg.attention_impl not in attention.ATTENTION_IMPLS:
     raise _err('attention_impl', cfg.attention_impl,
                f'must be one of {attention.ATTENTION_IMPLS}')
+  if (reason := attention_support.unsupported_reason(cfg.attention_impl, cfg.scheme)):
+    raise _err('attention_impl', cfg.attention_impl, reason)
   if cfg.attention_impl in attention.FUSED_IMPLS:
-    fusable = cfg.scheme.transform == 'none' and cfg.scheme.bias in ('none', 'alibi')
-    if not fusable:
-      raise _err('attention_impl', cfg.attention_impl,
-                 f'supports only encodings without bias or transform, and the ALiBi family, '
-                 f'not {cfg.position_encoding!r}; use blockwise or dense')
     if cfg.scheme.bias == 'alibi' and cfg.restart_at_documents and not cfg.mask_across_documents:
       raise _err('attention_impl', cfg.attention_impl,
                  f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
                  'that never decrease between visible tokens: with restart_at_documents, set '
                  'mask_across_documents=True (or use blockwise)')
-  if cfg.attention_impl == 'pallas' and (cfg.scheme.transform != 'none'
-                                         or cfg.scheme.bias not in ('none', 'alibi', 'kerple', 't5')):
-    raise _err('attention_impl', cfg.attention_impl,
-               f'computes only the ALiBi, Kerple and T5 biases (and none) per tile, not '
-               f'{cfg.position_encoding!r}; use blockwise or dense')
   if cfg.kernels not in kernels.KERNELS:
     raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')
   if cfg.dtype not in DTYPES:

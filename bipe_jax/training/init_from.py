@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from bipe_jax import model as model_lib
+from bipe_jax import schemes
 from bipe_jax.runs import restore as runs
 from bipe_jax.runs import workdir_io
 from bipe_jax.state import checkpointing
@@ -104,7 +105,7 @@ def stream_mismatch(source_model, source_data, model, data) -> str | None:
   if have != want:
     return (f'the source was trained with model.position_encoding={have!r}, this run uses '
             f'{want!r}')
-  if not want.startswith('bipe'):
+  if not schemes.get_scheme(want).bilevel:
     return None
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
   rule_have = preparation.separator_rule(source_model, source_data)
