@@ -23,12 +23,12 @@ import ml_collections
 from jax.experimental import topologies
 
 from bipe_jax import config as config_lib
-from bipe_jax import kernels
+from bipe_jax import platform_choices
 from bipe_jax import model as model_lib
 from bipe_jax.training import config_validation
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer
-from bipe_jax.training import train_state
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer
+from bipe_jax.state import train_state
 from bipe_jax.training import train_step
 
 GIB = 1024 ** 3
@@ -51,7 +51,7 @@ def compile_step(args) -> dict:
   sizes = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'context': args.context,
                                      'tensor': 1})
   mesh = mesh_lib.make_mesh(sizes, devices=devices)
-  model = kernels.model_for_mesh(model, mesh)  # 'auto' kernels: the TPU's portable path
+  model = platform_choices.model_for_mesh(model, mesh)  # 'auto' kernels: the TPU's portable path
   tx = optimizer.make_optimizer(config.train)
   schedule = optimizer.learning_rate_schedule(config.train)
   abstract, shardings = train_state.state_shardings(model, tx, mesh, args.seq_len)

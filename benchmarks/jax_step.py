@@ -90,9 +90,9 @@ def _make_project_step(preset, overrides, *, seed, devices=1):
   from bipe_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import flops as flops_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import train_state as state_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import train_state as state_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import train_step as step_lib  # pylint: disable=g-import-not-at-top
 
   config = load_config(preset, overrides)

@@ -46,9 +46,9 @@ def _step_and_inputs(encoding: str, length: int, layers: int, block_size: int, d
   from benchmarks import jax_step  # pylint: disable=g-import-not-at-top
   from bipe_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import train_state as state_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import train_state as state_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import train_step as step_lib  # pylint: disable=g-import-not-at-top
 
   config = jax_step.load_config('tiny', {
@@ -74,7 +74,7 @@ def _step_and_inputs(encoding: str, length: int, layers: int, block_size: int, d
 def child(target: str, encoding: str, length: int, layers: int, block_size: int) -> dict:
   """Runs in the subprocess: compiles (and on CPU runs) one step; returns its memory."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import train_state as state_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import train_state as state_lib  # pylint: disable=g-import-not-at-top
 
   if target == 'tpu':
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top

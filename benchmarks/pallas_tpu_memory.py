@@ -52,9 +52,9 @@ def compile_train_step(preset: str, impl: str, length: int, topology: str,
   from bipe_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import optimizer  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import train_state  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import optimizer  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import train_state  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import train_step  # pylint: disable=g-import-not-at-top
 
   devices = _devices(topology)
@@ -88,7 +88,7 @@ def compile_kernel(impl: str, length: int, topology: str, heads: int = 12, head_
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from bipe_jax import attention  # pylint: disable=g-import-not-at-top
-  from bipe_jax import pallas  # pylint: disable=g-import-not-at-top
+  from bipe_jax.attention import pallas  # pylint: disable=g-import-not-at-top
   from bipe_jax.encodings import alibi  # pylint: disable=g-import-not-at-top
 
   mesh = jax.sharding.Mesh(np.array(_devices(topology)[:1]), ('x',))

@@ -13,7 +13,7 @@ traceback:
 - Ctrl-C before the program installed its own handler: `interrupted`, exit 130.
 A CPU-only host runs on JAX's CPU platform without probing for a TPU (bipe_jax.platforms).
 Library INFO logs (absl, Orbax, TFDS) stay off the terminal unless --verbosity is given (the
-training CLI then sends them to its run's library.log, bipe_jax.run_logging). Errors that are
+training CLI then sends them to its run's library.log, bipe_jax.runs.run_logging). Errors that are
 not the user's (bugs) keep their traceback.
 """
 
@@ -137,7 +137,7 @@ def quiet_library_logs() -> None:
   BuilderConfig made at run time, run_logging.QUIET_WARNINGS) stay off the terminal."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-  from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import run_logging  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS['verbosity'].present:
     absl_logging.set_verbosity(absl_logging.WARNING)
     run_logging.filter_known_noise()

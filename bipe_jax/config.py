@@ -16,7 +16,7 @@ from typing import Any, Mapping, Tuple
 
 import jax.numpy as jnp
 
-from bipe_jax import attention_support
+from bipe_jax.attention import support as attention_support
 from bipe_jax import kernels
 from bipe_jax import remat as remat_lib
 from bipe_jax import schemes
@@ -57,7 +57,7 @@ class ModelConfig:
   pad_id: int = -1  # -1 = no padding token
   restart_at_documents: bool = False  # official BiPE: segments do not restart at BOS
   mask_across_documents: bool = False  # official: packed documents attend to each other
-  # auto | dense | blockwise | cudnn | fused | pallas | pallas_gpu (bipe_jax.attention_support:
+  # auto | dense | blockwise | cudnn | fused | pallas | pallas_gpu (bipe_jax.attention.support:
   # which runs which scheme, and what 'auto' picks per platform)
   attention_impl: str = 'blockwise'
   block_size: int = 128
@@ -183,7 +183,7 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if cfg.train_length == 0 and (cfg.rope_log_scale or cfg.scheme.bias == 'fire'):
     raise _err('train_length', 0, derive)
   # For inter-stream rotary the original length is in segments, resolved at training start from
-  # the data (bipe_jax.training.position_stats): allowed to be 0 until then.
+  # the data (bipe_jax.runs.position_stats): allowed to be 0 until then.
   inter_later = inter_length_later and cfg.scheme.rotary == 'inter'
   if cfg.rope_original_length == 0 and cfg.rope_scaling != 'none' and not inter_later:
     raise _err('rope_original_length', 0, derive)
@@ -200,7 +200,7 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                f'ids {bad} are out of range: allowed 0..{cfg.vocab_size - 1}')
   if cfg.separators == 'ids' and not cfg.separator_ids:
     raise _err('separator_ids', cfg.separator_ids, "must not be empty with separators='ids'")
-  if require_separators and cfg.position_encoding.startswith('bipe') and not cfg.separator_ids:
+  if require_separators and cfg.scheme.bilevel and not cfg.separator_ids:
     raise _err('separator_ids', cfg.separator_ids,
                f'is empty, so every token of a {cfg.position_encoding} model would be in segment '
                f'0: resolve model.separators={cfg.separators!r} from the tokenizer '
@@ -216,21 +216,14 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if cfg.attention_impl not in attention_support.ATTENTION_IMPLS:
     raise _err('attention_impl', cfg.attention_impl,
                f'must be one of {attention_support.ATTENTION_IMPLS}')
+  if (reason := attention_support.unsupported_reason(cfg.attention_impl, cfg.scheme)):
+    raise _err('attention_impl', cfg.attention_impl, reason)
   if cfg.attention_impl in attention_support.FUSED_IMPLS:
-    if not attention_support.fusable(cfg.scheme):
-      raise _err('attention_impl', cfg.attention_impl,
-                 f'supports only encodings without bias or transform, and the ALiBi family, '
-                 f'not {cfg.position_encoding!r}; use blockwise or dense')
     if cfg.scheme.bias == 'alibi' and cfg.restart_at_documents and not cfg.mask_across_documents:
       raise _err('attention_impl', cfg.attention_impl,
                  f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
                  'that never decrease between visible tokens: with restart_at_documents, set '
                  'mask_across_documents=True (or use blockwise)')
-  if (cfg.attention_impl in attention_support.TILE_BIAS_IMPLS
-      and not attention_support.runs_on_tiles(cfg.scheme)):
-    raise _err('attention_impl', cfg.attention_impl,
-               f'computes only the ALiBi, Kerple and T5 biases (and none) per tile, not '
-               f'{cfg.position_encoding!r}; use blockwise or dense')
   if cfg.kernels not in kernels.KERNELS:
     raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')
   if cfg.dtype not in DTYPES:
@@ -254,7 +247,7 @@ def model_config_from_dict(model: Mapping[str, Any], *,
   A bipe_* scheme with no separator ids is an error unless `require_separators=False` (the
   check of a config whose ids are resolved later, at training start). `inter_length_later=True`
   accepts rope_original_length=0 for an inter-stream rotary scheme with a scaling: it is in
-  segments, resolved at training start from the data (bipe_jax.training.position_stats).
+  segments, resolved at training start from the data (bipe_jax.runs.position_stats).
   """
   values = dict(model.to_dict() if hasattr(model, 'to_dict') else model)
   known = {f.name for f in dataclasses.fields(ModelConfig)}

@@ -248,7 +248,7 @@ def generate_from_workdir(workdir: str, *, prompt: str = '', prompt_ids=None,
   Returns {'step', 'encoding', 'prompt_ids', 'samples': [continuation ids], 'texts': [decoded
   continuations, or None without a tokenizer]}.
   """
-  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import restore as runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, step=step, attention_impl='dense')
   tokenizer = None
   try:

@@ -49,8 +49,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bipe_jax import attention as attention_lib
-from bipe_jax import attention_support
-from bipe_jax import context_parallel
+from bipe_jax.attention import context_parallel
+from bipe_jax.attention import support as attention_support
 from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax import remat as remat_lib
@@ -192,7 +192,7 @@ class Attention(nn.Module):
   def _tile_bias(self) -> tuple:
     """(TileBias, params [H, P]) of the scheme's bias for the Pallas kernels: the same
     parameters (names, initialisers, Kerple's clamp) as `_bias_fn`'s modules."""
-    from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+    from bipe_jax.attention import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
     cfg, s = self.config, self.config.scheme
     h = cfg.num_heads
     pos1 = jnp.zeros((1, 1), jnp.int32)

@@ -96,7 +96,7 @@ class PositionCarry:
   when `c` summarises everything before the chunk. A chunk's own summary (`chunk_carry`) is
   the carry after it from `PositionCarry.empty`; summaries of consecutive chunks combine with
   `combine_carries` (associative), so the carry of a context-parallel shard is an exclusive
-  scan over the shards' summaries (bipe_jax/context_parallel.py).
+  scan over the shards' summaries (bipe_jax/attention/context_parallel.py).
   """
   valid: jax.Array  # int32, valid tokens before
   seps: jax.Array  # int32, separators before

@@ -67,6 +67,13 @@ class Scheme:
     return self.input == 'learned' and self.input_stream == 'token'
 
   @property
+  def bilevel(self) -> bool:
+    """Reads the segment streams (intra or inter): needs separator ids to cut the segments,
+    and exports to the released BiPE format (its intra table, its separator ids)."""
+    return (self.input_stream == 'intra' and self.input != 'none' or self.rotary == 'inter'
+            or self.bias != 'none' and self.bias_stream == 'inter')
+
+  @property
   def has_bias_or_transform(self) -> bool:
     return self.bias != 'none' or self.transform != 'none'
 

@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation for TPU (training/aot_compile.py, train/compile.py) on this CPU host.
+"""Ahead-of-time compilation for TPU (compile/aot.py, train/compile.py) on this CPU host.
 
 Tiny models (1 layer, width 64, 16 tokens) compiled for a v5e:2x2 topology by libtpu: every
 encoding family once, the meshes spread over them so that data, fsdp and tensor axes are each
@@ -17,8 +17,12 @@ import pytest
 
 from bipe_jax import config as config_lib
 from bipe_jax import model as model_lib
-from bipe_jax.training import aot_compile
-from bipe_jax.training import compile_cli
+from bipe_jax import schemes
+from bipe_jax.compile import aot as aot_compile
+from bipe_jax.compile import cli as compile_cli
+from bipe_jax.compile import hlo_stats
+from bipe_jax.compile import report as report_lib
+from bipe_jax.compile import topologies
 from configs import tiny
 
 pytest.importorskip('libtpu', reason='the TPU compiler (requirements-tpu.txt) is not installed')
@@ -66,7 +70,7 @@ def test_tiny_model_compiles_for_tpu(encoding, mesh):
   step = report.steps[0]
   assert report.device_kind == 'TPU v5 lite' and report.num_devices == 4
   assert report.mesh == {'data': mesh[0], 'fsdp': mesh[1], 'context': 1, 'tensor': mesh[2]}
-  assert report.hbm_bytes == 16 * aot_compile.GIB and report.fits()
+  assert report.hbm_bytes == 16 * topologies.GIB and report.fits()
   n = param_count(config)
   data, fsdp, tensor = mesh
   if fsdp == tensor == 1:  # replicated: every chip holds all float32 parameters
@@ -82,7 +86,7 @@ def test_tiny_model_compiles_for_tpu(encoding, mesh):
   # model FLOPs per chip: at least 6 * params * tokens / chips; XLA's count of the program
   # (one layer, one attention block, one loss chunk: no loop to undercount) agrees within 2x
   tokens = config.train.batch_size * config.data.seq_len
-  tables = 256 * 64 + (16 * 64 if encoding.startswith('bipe') else 0)  # looked up, not multiplied
+  tables = 256 * 64 + (16 * 64 if schemes.get_scheme(encoding).bilevel else 0)  # looked up, not multiplied
   assert step.model_flops >= 0.95 * 6 * (n - tables) * tokens / 4
   assert 0.5 < step.flops / step.model_flops < 2
   kinds = step.collectives
@@ -196,7 +200,7 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 
 
 def test_count_collectives_by_channel_and_kind():
-  counts = aot_compile.count_collectives(HLO)
+  counts = hlo_stats.count_collectives(HLO)
   # channel 9 printed twice (async pieces) is one all-gather; -start counted, -done not
   assert counts['all-gather'] == {'ops': 2, 'arrays': 3}
   # inside all-reduce-scatter fusions: one per fusion, though both print channel 5
@@ -207,12 +211,12 @@ def test_count_collectives_by_channel_and_kind():
 
 
 def test_required_bytes_and_hbm_table():
-  assert aot_compile.required_bytes('required for HLO temporaries (27.87G) exceeds available '
+  assert hlo_stats.required_bytes('required for HLO temporaries (27.87G) exceeds available '
                                     'HBM (15.75G)') == int(27.87 * 2 ** 30)
-  assert aot_compile.required_bytes('Used 512.5M of 16G hbm') == int(512.5 * 2 ** 20)
-  assert aot_compile.required_bytes('no size here') == 0
-  gib = aot_compile.GIB
-  assert [aot_compile.hbm_bytes(k) for k in ('TPU v5 lite', 'TPU v5', 'TPU v4', 'TPU v6 lite',
+  assert hlo_stats.required_bytes('Used 512.5M of 16G hbm') == int(512.5 * 2 ** 20)
+  assert hlo_stats.required_bytes('no size here') == 0
+  gib = topologies.GIB
+  assert [topologies.hbm_bytes(k) for k in ('TPU v5 lite', 'TPU v5', 'TPU v4', 'TPU v6 lite',
                                              'cpu')] == [16 * gib, 95 * gib, 32 * gib,
                                                          32 * gib, 0]
 
@@ -222,7 +226,7 @@ def test_shard_bytes_counts_one_devices_share():
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   tree = {'a': jax.ShapeDtypeStruct((3, 5), 'float32'), 'b': jax.ShapeDtypeStruct((7,),
                                                                                  'bfloat16')}
-  assert aot_compile.shard_bytes(tree, {'a': sharding, 'b': sharding}) == 3 * 5 * 4 + 7 * 2
+  assert hlo_stats.shard_bytes(tree, {'a': sharding, 'b': sharding}) == 3 * 5 * 4 + 7 * 2
 
 
 def test_the_tpu_program_takes_the_portable_path():
@@ -248,5 +252,5 @@ def test_two_slices_put_the_data_axis_across_them():
   assert report.num_devices == 8 and report.mesh == {'data': 2, 'fsdp': 4, 'context': 1,
                                                      'tensor': 1}
   assert report.fits()
-  with pytest.raises(aot_compile.CompileError, match=r'mesh.data \(1\) must be a multiple'):
+  with pytest.raises(topologies.CompileError, match=r'mesh.data \(1\) must be a multiple'):
     aot_compile.compile_for_topology(tiny_config('rope', (1, 8, 1)), TOPOLOGY, num_slices=2)

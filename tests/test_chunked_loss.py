@@ -14,9 +14,9 @@ from configs import base
 from bipe_jax import config as config_lib
 from bipe_jax import model as model_lib
 from bipe_jax.training import chunked_loss
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer
-from bipe_jax.training import train_state
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer
+from bipe_jax.state import train_state
 from bipe_jax.training import train_step
 
 B, T, D, V = 3, 8, 5, 11

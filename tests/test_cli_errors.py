@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from bipe_jax import cli
 from bipe_jax.evaluation import cli as eval_cli
-from bipe_jax.training import run_record
+from bipe_jax.runs import run_record
 from configs import base
 from configs import passkey_tiny
 

@@ -9,7 +9,7 @@ import pytest
 
 from bipe_jax.config import ModelConfig, model_config_from_dict
 from bipe_jax.model import count_params
-from bipe_jax.schemes import SCHEME_NAMES
+from bipe_jax.schemes import SCHEME_NAMES, get_scheme
 from configs import base
 
 PRESETS = ('tiny', 'rope_151m', 'bipe_rope_151m', 'bipe_alibi_151m', 'alibi_151m',
@@ -56,7 +56,7 @@ def _library_fallbacks() -> list[tuple[str, str, object]]:
 # Fallbacks that are not config defaults, with why.
 NOT_DEFAULTS = {
     ('separators', 'ids'): 'model fields of a Hugging Face import carry explicit separator ids',
-    ('data', 1): "a compiled mesh's shape (training/aot_compile.py), not config.mesh",
+    ('data', 1): "a compiled mesh's shape (compile/aot.py), not config.mesh",
 }
 
 
@@ -85,7 +85,7 @@ def test_presets_validate(preset):
   assert isinstance(cfg.separator_ids, tuple)
 
 
-@pytest.mark.parametrize('encoding', [n for n in SCHEME_NAMES if n.startswith('bipe')])
+@pytest.mark.parametrize('encoding', [n for n in SCHEME_NAMES if get_scheme(n).bilevel])
 def test_bipe_without_separators_is_an_error(encoding):
   with pytest.raises(ValueError, match=f'separator_ids=.*is empty.*{encoding}'):
     model_config_from_dict(dict(position_encoding=encoding, train_length=64))

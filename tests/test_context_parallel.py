@@ -1,4 +1,4 @@
-"""Context parallelism (bipe_jax/context_parallel.py): the sequence sharded over a mesh axis.
+"""Context parallelism (bipe_jax/attention/context_parallel.py): the sequence sharded over a mesh axis.
 
 The position carry is checked in-process (chunks of a row, one after another, give the row's
 streams). The sharded model runs in ONE subprocess with 8 fake CPU devices (XLA_FLAGS must be
@@ -99,7 +99,7 @@ def _model(encoding, impl, restart=False):
 
 
 def _mesh(data, context):
-  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   sizes = ml_collections.ConfigDict({'data': data, 'fsdp': 1, 'context': context, 'tensor': 1})
   return mesh_lib.make_mesh(sizes, devices=jax.devices()[:data * context])
@@ -151,9 +151,10 @@ def run_cases() -> dict:
   """
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  from bipe_jax import context_parallel  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import train_state, train_step  # pylint: disable=g-import-not-at-top
+  from bipe_jax.attention import context_parallel  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import train_state  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import train_step  # pylint: disable=g-import-not-at-top
   assert jax.device_count() == 8, jax.devices()
   out = {}
   tokens = jnp.asarray(boundary_tokens())

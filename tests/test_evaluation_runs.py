@@ -1,7 +1,7 @@
 """Evaluation of a training workdir: restore, blockwise == dense, CLI == hand loop, clear errors.
 
 The workdir is written here the way train/main.py writes it (config.json + an Orbax checkpoint
-through bipe_jax.training.checkpointing), with random (not freshly initialised) parameters so
+through bipe_jax.state.checkpointing), with random (not freshly initialised) parameters so
 logits are far from uniform, on the arithmetic task (vocab 19, nothing to download or build).
 """
 
@@ -21,13 +21,13 @@ from bipe_jax import data
 from bipe_jax import model as model_lib
 from bipe_jax.evaluation import cli
 from bipe_jax.evaluation import perplexity as ppl
-from bipe_jax import run_restore as runs_lib
+from bipe_jax.runs import restore as runs_lib
 from bipe_jax.evaluation import sweep
-from bipe_jax.training import checkpointing
+from bipe_jax.state import checkpointing
 from bipe_jax.training import config_validation
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer as optimizer_lib
-from bipe_jax.training import train_state as train_state_lib
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer as optimizer_lib
+from bipe_jax.state import train_state as train_state_lib
 from configs import arithmetic_tiny
 from tests import reference_numpy
 
@@ -225,9 +225,9 @@ import json, os, sys
 sys.path.insert(0, sys.argv[1])
 import jax
 from tests import test_evaluation_runs as T
-from bipe_jax import run_restore as runs_lib
+from bipe_jax.runs import restore as runs_lib
 from bipe_jax.evaluation import sweep
-from bipe_jax.training import mesh as mesh_lib
+from bipe_jax.state import mesh as mesh_lib
 import ml_collections
 path = sys.argv[2]
 T._write_workdir(path, 'bipe_alibi')

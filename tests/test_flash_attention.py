@@ -1,4 +1,4 @@
-"""Blockwise attention's flash-style backward pass (bipe_jax/flash_attention.py): gradients
+"""Blockwise attention's flash-style backward pass (bipe_jax/attention/flash.py): gradients
 equal dense attention's outside jit and for shapes / masks the jitted every-encoding test of
 test_attention.py does not cover, and what the backward pass keeps is linear in T.
 

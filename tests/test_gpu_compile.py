@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from bipe_jax.training import aot_compile
-from bipe_jax.training import compile_cli
-from bipe_jax.training import gpu_lowering
-from bipe_jax.training import gpu_targets
+from bipe_jax.compile import cli as compile_cli
+from bipe_jax.compile import gpu_lowering
+from bipe_jax.compile import gpu_targets
+from bipe_jax.compile import topologies
 from configs import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,8 +39,8 @@ def test_target_config_carries_the_card():
   text = h100.target_config()
   assert 'cuda_compute_capability { major: 9 minor: 0 }' in text
   assert f'core_count: {h100.sm_count}' in text and 'device_memory_size: 80000000000' in text
-  assert aot_compile.hbm_bytes('NVIDIA H100 80GB HBM3') == 80 * 10 ** 9
-  assert aot_compile.hbm_bytes('TPU v5 lite') == 16 * aot_compile.GIB  # TPU kinds unchanged
+  assert topologies.hbm_bytes('NVIDIA H100 80GB HBM3') == 80 * 10 ** 9
+  assert topologies.hbm_bytes('TPU v5 lite') == 16 * topologies.GIB  # TPU kinds unchanged
 
 
 def test_summarize_names_the_attention_that_ran():

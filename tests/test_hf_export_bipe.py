@@ -15,13 +15,13 @@ import pytest
 from bipe_jax import config as model_config_lib
 from bipe_jax import data
 from bipe_jax import model as model_lib
-from bipe_jax import run_restore as runs
+from bipe_jax.runs import restore as runs
 from bipe_jax.interop import convert
-from bipe_jax.training import checkpointing
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer as optimizer_lib
-from bipe_jax.training import run_record
-from bipe_jax.training import train_state as train_state_lib
+from bipe_jax.state import checkpointing
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer as optimizer_lib
+from bipe_jax.runs import run_record
+from bipe_jax.state import train_state as train_state_lib
 from tests.test_init_from import source  # pylint: disable=unused-import
 from tests.test_training_e2e import ROOT, dirs, file_lock  # pylint: disable=unused-import
 

@@ -97,13 +97,62 @@ def test_training_and_evaluation_do_not_import_each_other_through_run_restoring(
   graph = import_graph()
   into_evaluation = {m: sorted(t for t in targets if t.startswith('bipe_jax.evaluation'))
                      for m, targets in graph.items()
-                     if m.startswith('bipe_jax.training') or m in ('bipe_jax.run_restore',
+                     if m.startswith('bipe_jax.training') or m in ('bipe_jax.runs.restore',
                                                                    'bipe_jax.block_scoring')}
   assert {m: t for m, t in into_evaluation.items() if t} == {}
-  assert 'bipe_jax.run_restore' in graph['bipe_jax.training.init_from']
+  assert 'bipe_jax.runs.restore' in graph['bipe_jax.training.init_from']
   assert 'bipe_jax.block_scoring' in graph['bipe_jax.training.validation']
-  for shared in ('bipe_jax.run_restore', 'bipe_jax.block_scoring'):
+  for shared in ('bipe_jax.runs.restore', 'bipe_jax.block_scoring'):
     assert 'bipe_jax.training.trainer' not in graph[shared]
+
+
+LAYERS = ('state', 'runs', 'training', 'compile')  # each imports only the layers before it
+LEAVES = frozenset({'bipe_jax.runs.workdir_io'})  # imports no bipe_jax module; any layer may
+
+
+def _layer(module: str) -> str:
+  """'bipe_jax.state.mesh' -> 'state'; 'bipe_jax.model' -> 'model'."""
+  parts = module.split('.')
+  return parts[1] if len(parts) > 1 else ''
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+  """module -> the modules of a later layer of LAYERS it imports (the attention package counts as
+  below all of them); LEAVES are exempt."""
+  rank = lambda m: LAYERS.index(_layer(m)) if _layer(m) in LAYERS else -1  # pylint: disable=unnecessary-lambda-assignment
+  upward = {}
+  for module, targets in graph.items():
+    if _layer(module) not in LAYERS + ('attention',):
+      continue
+    for target in sorted(targets - LEAVES):
+      if _layer(target) in LAYERS and rank(target) > rank(module):
+        upward.setdefault(module, []).append(target)
+  return upward
+
+
+def test_the_layer_rule_finds_an_upward_import():
+  graph = {'bipe_jax.state.mesh': {'bipe_jax.runs.restore', 'bipe_jax.runs.workdir_io'},
+           'bipe_jax.attention.core': {'bipe_jax.state.mesh'},
+           'bipe_jax.runs.restore': {'bipe_jax.state.mesh'},
+           'bipe_jax.training.trainer': {'bipe_jax.runs.restore', 'bipe_jax.model'},
+           'bipe_jax.model': {'bipe_jax.training.trainer'}}
+  assert upward_imports(graph) == {'bipe_jax.state.mesh': ['bipe_jax.runs.restore'],
+                                   'bipe_jax.attention.core': ['bipe_jax.state.mesh']}
+
+
+def test_the_layers_import_only_downwards():
+  """state (mesh, train state, optimizer, checkpoints) < runs (a workdir's files, restoring a
+  run) < training (the step, the loop, init_from) < compile (ahead-of-time compiles); the
+  attention package below all four. runs.workdir_io, the file helper every layer reads
+  workdirs with, is a leaf that state's checkpointing uses for the files beside checkpoints."""
+  graph = import_graph()
+  assert all(graph[leaf] == set() for leaf in LEAVES)
+  assert upward_imports(graph) == {}
+  assert {m for m, targets in graph.items() if _layer(m) != 'compile'
+          and any(_layer(t) == 'compile' for t in targets)} == set()  # compile is the top
+  # the graph sees the layers' real imports (so the empty results above mean something)
+  assert 'bipe_jax.state.train_state' in graph['bipe_jax.runs.restore']
+  assert 'bipe_jax.training.train_step' in graph['bipe_jax.compile.aot']
 
 
 def test_config_does_not_import_the_model():

@@ -11,13 +11,13 @@ import pytest
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import model as model_lib
-from bipe_jax import run_restore as runs
+from bipe_jax.runs import restore as runs
 from bipe_jax.interop import convert
 from bipe_jax.training import init_from
 from bipe_jax.training import init_from_shapes
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer as optimizer_lib
-from bipe_jax.training import train_state as train_state_lib
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer as optimizer_lib
+from bipe_jax.state import train_state as train_state_lib
 from tests.test_training_e2e import checkpoint_steps, dirs, file_lock, run_cli  # pylint: disable=unused-import
 
 pytestmark = [pytest.mark.slow]
@@ -49,8 +49,8 @@ def fresh_state(workdir):
 
 
 def test_parse_source():
-  assert init_from.parse_source('/a/b@12') == ('/a/b', 12)
-  assert init_from.parse_source('/a/b') == ('/a/b', None)
+  assert runs.parse_source('/a/b@12') == ('/a/b', 12)
+  assert runs.parse_source('/a/b') == ('/a/b', None)
 
 
 def test_params_come_from_the_source_and_the_optimizer_stays_fresh(source, tmp_path):

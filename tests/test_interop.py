@@ -18,6 +18,9 @@ import transformers
 from bipe_jax.interop import hf_files
 from bipe_jax.interop import hf_llama
 
+# the official code's rpe_type values that add the intra table and rotate / bias by segments
+OFFICIAL_BIPE_TYPES = ('bipe_rope', 'bipe_alibi')
+
 VOCAB = 900  # > 869 so the official separators {869, 13} exist
 SEPARATORS = (869, 13)
 
@@ -78,9 +81,9 @@ def numpy_official_forward(weights, hf, ids_T):
   eps = hf['rms_norm_eps']
   intra, inter = _official_bilevel_ids(ids_T, hf.get('train_scale', 1024))
   x = w['model.embed_tokens.weight'][ids_T]
-  if rpe.startswith('bipe_'):
+  if rpe in OFFICIAL_BIPE_TYPES:
     x = x + w['model.embeds.0.weight'][intra]
-  pos = inter if rpe.startswith('bipe_') else np.arange(t)
+  pos = inter if rpe in OFFICIAL_BIPE_TYPES else np.arange(t)
   bias = np.zeros((h, t, t))
   if rpe.endswith('alibi'):
     slopes = np.array(_official_alibi_slopes(h)) * (96.0 if rpe == 'bipe_alibi' else 1.0)
@@ -147,7 +150,7 @@ def _bipe_folder(path, rpe_type, train_scale=8, seed=1, num_heads=4, kv_heads=4)
   """A hand-built official-format folder: Llama weights (+ model.embeds.0.weight for bipe_*)."""
   model = _random_llama(seed, num_attention_heads=num_heads, num_key_value_heads=kv_heads)
   weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  if rpe_type.startswith('bipe_'):
+  if rpe_type in OFFICIAL_BIPE_TYPES:
     rng = np.random.default_rng(seed)
     intra = (0.5 * rng.standard_normal((train_scale, 32))).astype(np.float32)
     intra[-1] = 0.0  # official padding_idx=-1 keeps the last row at zero
@@ -396,7 +399,7 @@ def test_official_bipe_folder_matches_official_forward(tmp_path, rpe_type):
   ours = _our_logits(model_config, params, ids[None])[0]
   expected = numpy_official_forward(weights, hf, ids)
   np.testing.assert_allclose(ours, expected, atol=1e-4, rtol=1e-4)
-  if rpe_type.startswith('bipe_'):  # the intra table really feeds the model
+  if rpe_type in OFFICIAL_BIPE_TYPES:  # the intra table really feeds the model
     zeroed = dict(params, intra_embed={'embedding': np.zeros_like(
         params['intra_embed']['embedding'])})
     assert np.abs(_our_logits(model_config, zeroed, ids[None])[0] - ours).max() > 1e-2
@@ -480,7 +483,7 @@ def test_convert_cli_round_trip_through_a_workdir(llama_folder, tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
   assert os.path.isfile(os.path.join(workdir, 'config.py'))
-  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import restore as runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, attention_impl='dense')
   assert run.step == 0 and run.model_config.position_encoding == 'rope'
   ids = _ids_with_segments(16, 6)[None]

@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from bipe_jax import config as config_lib
 from bipe_jax import kernels
+from bipe_jax import platform_choices
 from bipe_jax.config import ModelConfig
 from bipe_jax.kernels import process_setup
 from bipe_jax.model import Transformer
@@ -163,7 +164,7 @@ def test_auto_lowers_the_portable_forms_for_a_tpu_topology(monkeypatch):
   tokens = jax.ShapeDtypeStruct((B * 2, T), jnp.int32)
 
   def lowered(name: str) -> str:
-    cfg = kernels.config_for_mesh(dataclasses.replace(
+    cfg = platform_choices.config_for_mesh(dataclasses.replace(
         TINY, position_encoding='bipe_rope', kernels=name), mesh)
     params = jax.eval_shape(lambda t: nn.meta.unbox(
         Transformer(cfg).init(jax.random.PRNGKey(0), t)['params']), tokens)

@@ -8,9 +8,9 @@ import pytest
 from bipe_jax import config as model_config_lib
 from bipe_jax import model as model_lib
 from bipe_jax.encodings import kerple
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer
-from bipe_jax.training import train_state
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer
+from bipe_jax.state import train_state
 from bipe_jax.training import train_step
 from configs import base
 

@@ -16,12 +16,12 @@ import pytest
 from bipe_jax import attention
 from bipe_jax import config as config_lib
 from bipe_jax import model as model_lib
-from bipe_jax import pallas
+from bipe_jax.attention import pallas
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import t5
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import train_state
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import train_state
 
 B, H, G, T, D = 2, 4, 2, 21, 8  # T: not a multiple of the 8-row tiles
 BUCKETS, MAX_DISTANCE = 8, 16

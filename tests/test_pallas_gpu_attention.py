@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from bipe_jax import attention
-from bipe_jax import attention_support
+from bipe_jax.attention import support as attention_support
 from bipe_jax import config as config_lib
 from bipe_jax import model as model_lib
-from bipe_jax import pallas
+from bipe_jax.attention import pallas
 from bipe_jax import schemes
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import t5
-from bipe_jax.pallas import gpu_attention
-from bipe_jax.training import aot_compile
+from bipe_jax.attention.pallas import gpu_attention
+from bipe_jax.compile import aot as aot_compile
 from configs import paper_151m
 
 B, H, G, T, D = 2, 4, 2, 37, 16  # T: not a multiple of the 16-row tiles

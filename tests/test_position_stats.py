@@ -10,7 +10,7 @@ import pytest
 
 from bipe_jax import config as model_config_lib
 from bipe_jax.encodings import rope
-from bipe_jax.training import position_stats
+from bipe_jax.runs import position_stats
 from configs import base
 from tests.test_training_e2e import dirs, file_lock, run_cli  # pylint: disable=unused-import
 

@@ -21,7 +21,7 @@ from ml_collections import config_flags
 
 from bipe_jax.training import config_validation
 from bipe_jax.training import init_from
-from bipe_jax.training import run_record
+from bipe_jax.runs import run_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

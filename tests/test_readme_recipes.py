@@ -38,7 +38,7 @@ import time
 import numpy as np
 import pytest
 
-from bipe_jax.training import checkpointing
+from bipe_jax.state import checkpointing
 from tests.test_cli_errors import run
 from tests.test_readme_commands import ROOT, in_tmp, readme_command_lines  # pylint: disable=unused-import
 from tests.test_scrolls import write_set

@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from bipe_jax import run_logging
+from bipe_jax.runs import run_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = '''
 import logging, sys
 from absl import logging as absl_logging
-from bipe_jax import run_logging
+from bipe_jax.runs import run_logging
 run_logging.send_library_logs_to(sys.argv[1])
 logging.getLogger('orbax').info('orbax restored step 7')
 absl_logging.info('absl info line')

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from bipe_jax.training import run_record
+from bipe_jax.runs import run_record
 from tests.test_training_e2e import checkpoint_steps, dirs, run_cli  # pylint: disable=unused-import
 
 pytestmark = [pytest.mark.slow]

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from bipe_jax import run_tokenizer
+from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax.data import preparation
 from bipe_jax.evaluation import cli as eval_cli
-from bipe_jax import run_restore as runs_lib
+from bipe_jax.runs import restore as runs_lib
 from tests.test_training_e2e import ROOT, cli_env, dirs, run_cli  # pylint: disable=unused-import
 
 pytestmark = [pytest.mark.slow]

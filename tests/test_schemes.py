@@ -7,6 +7,9 @@ import pytest
 from bipe_jax import schemes
 from bipe_jax.schemes import SCHEME_NAMES, Scheme, get_scheme
 
+# the schemes that read segments (the paper's BiPE family), written out by hand
+BILEVEL = {'bipe_rope', 'bipe_alibi', 'bipe_kerple', 'bipe_fire', 'bipe_dape_kerple'}
+
 # name -> (input, input_stream, rotary, bias, bias_stream, transform), written out by hand from
 # the papers' descriptions (docs/design.md) (input_stream / bias_stream only where they matter).
 EXPECTED = {
@@ -45,7 +48,8 @@ def test_hooks(name):
     assert s.input_stream == inp_stream
   if bias_stream is not None:
     assert s.bias_stream == bias_stream
-  assert s.uses_learned_intra == name.startswith('bipe_')
+  assert s.uses_learned_intra == (name in BILEVEL)
+  assert s.bilevel == (name in BILEVEL)
   assert s.uses_learned_absolute == (name == 'learned')
   assert s.has_bias_or_transform == (bias != 'none')
   assert s.alibi_slope_factor == (96.0 if name == 'bipe_alibi' else 1.0)
@@ -79,3 +83,13 @@ def test_transform_needs_a_bias():
 def test_registry_is_consistent():
   assert set(schemes.SCHEMES) == set(SCHEME_NAMES)
   assert all(schemes.SCHEMES[n] is get_scheme(n) for n in SCHEME_NAMES)
+
+
+def test_bilevel_is_a_property_of_the_hooks_not_of_the_name():
+  """Any hook reading the intra or inter stream makes a scheme bilevel, whatever its name."""
+  assert Scheme('x', rotary='inter').bilevel
+  assert Scheme('x', bias='t5', bias_stream='inter').bilevel
+  assert Scheme('x', input='sinusoidal', input_stream='intra').bilevel
+  assert not Scheme('bipe_but_not', rotary='token').bilevel
+  assert not Scheme('x', input_stream='intra').bilevel  # no input embedding: the stream is unread
+  assert {n for n in SCHEME_NAMES if get_scheme(n).bilevel} == BILEVEL

@@ -7,7 +7,7 @@ import pytest
 
 import bipe_jax.data as data_lib
 from bipe_jax.evaluation import perplexity
-from bipe_jax import run_restore as runs_lib
+from bipe_jax.runs import restore as runs_lib
 from bipe_jax.training import config_validation
 from bipe_jax.training import progress
 from bipe_jax.training import trainer

@@ -20,14 +20,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from configs import base
-from bipe_jax.training import checkpointing
+from bipe_jax.state import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import data_loading
 from bipe_jax.training import flops
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer
 from bipe_jax.training import progress
-from bipe_jax.training import train_state
+from bipe_jax.state import train_state
 from bipe_jax.training import train_step
 from bipe_jax.training import trainer
 

@@ -10,7 +10,7 @@ import pytest
 
 from bipe_jax.training import cli
 from bipe_jax.training import trainer
-from bipe_jax.training import workdir_lock
+from bipe_jax.runs import workdir_lock
 from tests.test_training_units import TinyLM, small_config
 
 
@@ -34,7 +34,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
   holder = subprocess.Popen(
       [sys.executable, '-c', textwrap.dedent(f'''
           import sys, time
-          from bipe_jax.training import workdir_lock
+          from bipe_jax.runs import workdir_lock
           with workdir_lock.hold({workdir!r}):
             print('held', flush=True)
             time.sleep(120)

@@ -17,15 +17,15 @@ from etils.epath import gpath
 import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 
-from bipe_jax import run_restore
-from bipe_jax import run_tokenizer
-from bipe_jax import workdir_io
+from bipe_jax.runs import restore as run_restore
+from bipe_jax.runs import tokenizer as run_tokenizer
+from bipe_jax.runs import workdir_io
 from bipe_jax.data import tokenizer as tokenizer_lib
-from bipe_jax.training import checkpointing
-from bipe_jax.training import position_stats
+from bipe_jax.state import checkpointing
+from bipe_jax.runs import position_stats
 from bipe_jax.training import progress
-from bipe_jax.training import run_record
-from bipe_jax.training import workdir_lock
+from bipe_jax.runs import run_record
+from bipe_jax.runs import workdir_lock
 from configs import base
 from tests import test_data_builders as corpus
 
@@ -138,7 +138,7 @@ def test_the_workdir_lock_is_skipped_with_one_line_on_a_bucket(bucket, capsys):
 
 def test_the_library_log_file_is_written_to_the_bucket(bucket):
   import logging
-  from bipe_jax import run_logging
+  from bipe_jax.runs import run_logging
   handler = run_logging.send_library_logs_to(f'{RUN}/library.log')
   try:
     assert f'{RUN}/library.log' not in bucket  # nothing before the first line

@@ -10,7 +10,7 @@ it the step is lowered for CUDA and its summary printed (exit code 3).
 Takes train/main.py's --config flags (--config.model.remat=full, ...). Needs the TPU compiler
 (pip install -r requirements-tpu.txt). Exit codes: 0 the step fits every chip's HBM, 1 it does
 not (one line naming what would help), 2 a bad flag, config or topology. All logic lives in
-bipe_jax.training.aot_compile.
+bipe_jax.compile.aot.
 """
 
 import os
@@ -50,7 +50,7 @@ def main(argv):
   if _PLATFORM.value == 'cuda' and os.path.isdir(CUDA_PLUGIN_FOLDER):
     # before JAX starts its backends: JAX finds the plugin's entry point on sys.path then
     sys.path.insert(0, CUDA_PLUGIN_FOLDER)
-  from bipe_jax.training import compile_cli  # pylint: disable=g-import-not-at-top
+  from bipe_jax.compile import cli as compile_cli  # pylint: disable=g-import-not-at-top
   sys.exit(compile_cli.run(_CONFIG.value, _TOPOLOGY.value, num_slices=_NUM_SLICES.value,
                            eval_lengths=_EVAL_LENGTHS.value, eval_batch_size=_EVAL_BATCH.value,
                            output=_OUTPUT.value, platform=_PLATFORM.value))

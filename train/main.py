@@ -40,7 +40,7 @@ def main(argv):
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax, TFDS) to a file
-    from bipe_jax import run_logging  # pylint: disable=g-import-not-at-top
+    from bipe_jax.runs import run_logging  # pylint: disable=g-import-not-at-top
     name = 'library.log' if _PROCESS_ID.value <= 0 else f'library.{_PROCESS_ID.value}.log'
     run_logging.send_library_logs_to(os.path.join(_WORKDIR.value, name))
   from bipe_jax.training import cli as train_cli  # pylint: disable=g-import-not-at-top

@@ -31,7 +31,7 @@ class GeneratedDataset:
   make_eval_blocks: Callable
   prepare: Callable | None = None
   # True when the dataset is tokenized with a SentencePiece file (data.tokenizer_path) that a
-  # run pins like any text dataset's (bipe_jax.run_tokenizer); False for a task's own vocabulary.
+  # run pins like any text dataset's (bipe_jax.runs.tokenizer); False for a task's own vocabulary.
   file_tokenizer: bool = False
 
 

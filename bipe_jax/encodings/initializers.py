@@ -21,7 +21,7 @@ def logically_partitioned(init: Callable, names: tuple) -> Callable:
   """`init`, whose parameter carries logical-axis `names` (nn.LogicallyPartitioned, read by
   `nn.get_partition_spec`) when a mesh is set (`jax.set_mesh`), and is a plain array otherwise.
 
-  Sharded training initialises under its mesh (bipe_jax/training/train_state.py), so it sees the
+  Sharded training initialises under its mesh (bipe_jax/state/train_state.py), so it sees the
   names; without a mesh there is nothing to shard over, and plain arrays let a model be used
   anywhere, e.g. wrapped for Flax NNX by `nnx.bridge.ToNNX` (whose variables would otherwise
   ask for a mesh to place the named axes on).

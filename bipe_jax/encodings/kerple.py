@@ -8,7 +8,7 @@ the forward pass has zero gradient below the clamp, so a head initialised below 
 a ~ U(0, 1): 0.5 % / 1 % per parameter, so most 144-head models have one) would never learn.
 Here the forward clamp passes the gradient straight through (`clamp_straight_through`), and the
 training optimizer projects every Kerple parameter back to >= 0.01 after each update
-(`bipe_jax.training.optimizer.project_parameters`, applied by the train step to parameters
+(`bipe_jax.state.optimizer.project_parameters`, applied by the train step to parameters
 named `KERPLE_PARAM_NAMES` inside a module named `kerple`).
 """
 

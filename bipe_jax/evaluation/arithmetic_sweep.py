@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 from bipe_jax.tasks import arithmetic
 from bipe_jax.tasks import modular_expressions as expressions
-from bipe_jax.training import run_record
+from bipe_jax.runs import run_record
 
 CURVE_FILE = 'convergence.json'
 RESULTS_FILE = 'arithmetic_sweep.json'
@@ -211,7 +211,7 @@ def format_tables(doc: dict) -> str:
 def workdir_accuracy(workdir: str, problems: dict, *, batch_size: int = 100) -> list:
   """Greedy accuracy of a training workdir's latest checkpoint on `problems` (by count)."""
   from bipe_jax.evaluation import arithmetic_accuracy as acc  # pylint: disable=g-import-not-at-top
-  from bipe_jax import run_restore as runs_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import restore as runs_lib  # pylint: disable=g-import-not-at-top
   run = runs_lib.load_run(workdir)
   with run.context():
     return acc.accuracy_by_length(run.apply_fn(), run.params, problems, batch_size=batch_size)
@@ -224,7 +224,7 @@ def main(plan: SweepPlan, base_config, root: str) -> int:
   import sys  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import workdir_lock  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import workdir_lock  # pylint: disable=g-import-not-at-top
   try:
     doc = sweep(plan, base_config, root, train_fn=trainer.train, accuracy_fn=workdir_accuracy,
                 log=lambda s: print(s, flush=True))

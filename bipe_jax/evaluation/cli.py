@@ -11,7 +11,7 @@ import time
 
 from bipe_jax.evaluation import dataset_fit
 from bipe_jax.evaluation import perplexity as ppl
-from bipe_jax import run_restore as runs_lib
+from bipe_jax.runs import restore as runs_lib
 from bipe_jax.evaluation import sweep
 
 

@@ -9,7 +9,7 @@ with the results. Nothing is tuned per encoding.
 Each training run is a subprocess of train/main.py (exactly what a user would type), in
 `<output_dir>/runs/<encoding>`; running the demo again resumes or reuses finished runs (their
 checkpoints are the final ones), so only missing work is done. Evaluation restores each run
-(bipe_jax.run_restore) and scores the same validation tokens at every length with
+(bipe_jax.runs.restore) and scores the same validation tokens at every length with
 blockwise attention.
 
 A SIGTERM to the demo (a scheduler ending the job) is passed on to its training subprocesses,
@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Sequence
 
-from bipe_jax import run_logging
+from bipe_jax.runs import run_logging
 from bipe_jax.kernels import cpu_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -358,7 +358,7 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
   from bipe_jax import data  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import perplexity as ppl  # pylint: disable=g-import-not-at-top
-  from bipe_jax import run_restore as runs_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import restore as runs_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import sweep  # pylint: disable=g-import-not-at-top
 
   data_config = base.data_defaults()

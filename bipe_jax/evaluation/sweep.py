@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from bipe_jax.evaluation import perplexity as ppl
-from bipe_jax import run_restore as runs_lib
+from bipe_jax.runs import restore as runs_lib
 
 PROTOCOLS = ('blocks', 'sliding')
 

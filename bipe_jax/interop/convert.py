@@ -115,16 +115,16 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
   """Writes config.json, config.py and an Orbax checkpoint of `params` (parameters only: no
   optimizer state, so converting needs the memory of the parameters alone) at `step`.
 
-  Evaluation and generation read it like a training run (bipe_jax.run_restore.load_run);
+  Evaluation and generation read it like a training run (bipe_jax.runs.restore.load_run);
   to train from it, start a new run with `--config.train.init_from=WORKDIR`. Returns the
   checkpoint directory.
   """
   # Imported here: the training stack is only needed to write workdirs.
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import train_state as train_state_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import checkpointing  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+  from bipe_jax.state import train_state as train_state_lib  # pylint: disable=g-import-not-at-top
 
   model = model_lib.Transformer(model_config_lib.model_config_from_dict(config.model))
   tx = optimizer_lib.make_optimizer(config.train)
@@ -135,7 +135,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
   _check_params(params, abstract.params)
   params = jax.device_put(jax.tree.map(np.asarray, params), shardings.params)
 
-  from bipe_jax.training import run_record  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import run_record  # pylint: disable=g-import-not-at-top
   run_record.write_config(workdir, config)  # paths absolute
   config_py = os.path.join(workdir, 'config.py')
   with open(config_py, 'w', encoding='utf-8') as f:
@@ -189,7 +189,7 @@ def hf_to_workdir(hf_dir: str, workdir: str, *,
 
 def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None) -> str:
   """Exports a bipe_jax workdir's latest (or `step`) checkpoint to a Hugging Face folder."""
-  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import restore as runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, step=step, attention_impl='dense')
   fields = dataclasses.asdict(run.model_config)
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top

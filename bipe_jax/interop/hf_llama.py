@@ -36,6 +36,8 @@ from typing import Dict, Optional, Sequence
 from flax.linen import meta
 import numpy as np
 
+from bipe_jax import schemes
+
 OFFICIAL_SEPARATOR_IDS = (869, 13)
 # config.json keys of an exported bipe_* model: the ids its segments are cut at and the rule
 # that chose them ('sentence', 'newline', 'official', 'ids'); read back on import. The official
@@ -177,7 +179,7 @@ def hf_config_from_model_fields(m) -> dict:
   if m['restart_at_documents'] or m['mask_across_documents']:
     raise ValueError('model.restart_at_documents / model.mask_across_documents must be False to '
                      'export to the Llama format (its models see one unbroken stream)')
-  if encoding.startswith('bipe_') and not m['separator_ids']:
+  if schemes.get_scheme(encoding).bilevel and not m['separator_ids']:
     raise ValueError(f'model.separator_ids is empty: a {encoding} model needs the separator ids '
                      f'its segments were cut at to be exported')
   if encoding in OFFICIAL_SLOPE_FACTOR:
@@ -222,7 +224,7 @@ def hf_config_from_model_fields(m) -> dict:
   }
   if encoding != 'rope':
     hf.update(rpe_type=encoding, train_scale=int(m['max_intra']), log_scale=False)
-  if encoding.startswith('bipe_'):
+  if schemes.get_scheme(encoding).bilevel:
     hf[SEPARATOR_IDS_KEY] = sorted(int(i) for i in m['separator_ids'])
     hf[SEPARATOR_RULE_KEY] = str(m.get('separators', 'ids'))
   return hf
@@ -237,7 +239,7 @@ def _dims(m) -> tuple:
 
 
 def _uses_intra_table(m) -> bool:
-  return m['position_encoding'].startswith('bipe_')
+  return schemes.get_scheme(m['position_encoding']).bilevel
 
 
 def params_from_hf_weights(weights: Dict[str, np.ndarray], m, *,

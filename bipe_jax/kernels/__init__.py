@@ -17,7 +17,7 @@
 Both paths compute the same values and gradients up to float rounding (tests/test_kernels.py).
 
 Who resolves 'auto': the trainer and the evaluation runs with the platform of their mesh's
-devices (`config_for_mesh`): a program compiled on this CPU host for a TPU topology gets the
+devices (`bipe_jax.platform_choices.config_for_mesh`): a program compiled on this CPU host for a TPU topology gets the
 portable path. A model used directly (no mesh) resolves it with `jax.default_backend()` when it
 is traced (`select`).
 
@@ -32,10 +32,8 @@ A path is a module with the same functions (`select` returns it):
   lm_head_kernel_gradient(h_MxD, extra, d_logits_MxV)   h^T d_logits [D, V] float32
 """
 
-import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
-from bipe_jax import attention_support
 
 KERNELS = ('auto', 'portable', 'cpu')
 
@@ -66,29 +64,3 @@ def select(name: str = 'auto', platform: Optional[str] = None):
 def mesh_platform(mesh) -> str:
   """The platform of the devices a mesh (jax.sharding.Mesh) runs on."""
   return mesh.devices.flat[0].platform
-
-
-def config_for_mesh(model_config: Any, mesh) -> Any:
-  """`model_config` (a dataclass with a `kernels` field, e.g. ModelConfig) with 'auto' resolved
-  for the devices of `mesh`; an explicit 'portable' / 'cpu' is kept. A config that also has
-  `attention_impl` and `scheme` gets attention_impl='auto' resolved the same way
-  (bipe_jax.attention_support)."""
-  platform = mesh_platform(mesh)
-  changes = {}
-  resolved = resolve_kernels(model_config.kernels, platform)
-  if resolved != model_config.kernels:
-    changes['kernels'] = resolved
-  if getattr(model_config, 'attention_impl', None) == 'auto':
-    changes['attention_impl'] = attention_support.resolve_attention_impl(
-        'auto', model_config.scheme, platform, getattr(model_config, 'dtype', 'float32'))
-  return dataclasses.replace(model_config, **changes) if changes else model_config
-
-
-def model_for_mesh(model: Any, mesh) -> Any:
-  """A Flax module whose `config` has a `kernels` field (the Transformer), cloned with 'auto'
-  resolved for `mesh` (`config_for_mesh`); any other model is returned as it is."""
-  config = getattr(model, 'config', None)
-  if not dataclasses.is_dataclass(config) or not hasattr(config, 'kernels'):
-    return model
-  resolved = config_for_mesh(config, mesh)
-  return model if resolved is config else model.clone(config=resolved)

@@ -1,9 +1,10 @@
-"""Training: named mesh + sharding, optimizer, train state, Orbax checkpoints, the loop.
+"""Training: the train step, the loop and what sets a run up.
 
 Entry points: `trainer.train(config, workdir)` and `cli.run(...)` (what train/main.py calls).
-Modules: mesh (device mesh, logical-axis rules, global batches), distributed (multi-host
-start-up), optimizer (AdamW + schedules), train_state (sharded init), train_step (loss and
-jitted step), checkpointing (Orbax manager, data-iterator state, fallback), data_loading
-(logical data shards), flops (FLOPs/token, MFU), progress (progress line, TensorBoard),
-config_validation (one-line config errors), trainer (the loop).
+Modules: distributed (multi-host start-up), train_step (loss and jitted step), chunked_loss,
+data_loading (logical data shards), flops (FLOPs/token, MFU), progress (progress line,
+TensorBoard), validation, config_validation (one-line config errors), init_from (parameters
+from another run or a Hugging Face folder), train_loop, trainer (the loop).
+The mesh, optimizer, train state and checkpoints live in bipe_jax.state; a run's workdir files
+in bipe_jax.runs.
 """

@@ -8,10 +8,10 @@ config, unusable checkpoint, or a workdir another process is training in, 130 st
 import sys
 
 from bipe_jax.cli import EXIT_INTERRUPTED
-from bipe_jax.training import checkpointing
+from bipe_jax.state import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import distributed
-from bipe_jax.training import workdir_lock
+from bipe_jax.runs import workdir_lock
 
 
 def run(config, workdir: str, *, coordinator_address: str = '', num_processes: int = 0,

@@ -13,8 +13,8 @@ import difflib
 import math
 
 from bipe_jax import config as model_config_lib
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer as optimizer_lib
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer as optimizer_lib
 
 
 class ConfigError(ValueError):
@@ -135,7 +135,7 @@ def derive_fields(config) -> None:
   """Fills model fields left at 0 from their source (`DERIVED_MODEL_FIELDS`), in place, so the
   run records the values it used; explicitly set values are kept."""
   from bipe_jax.training import init_from  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import position_stats  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import position_stats  # pylint: disable=g-import-not-at-top
   validate_derivation_inputs(config)
   for field, source, _ in DERIVED_MODEL_FIELDS:
     if field == 'rope_original_length' and position_stats.needs_inter_original_length(

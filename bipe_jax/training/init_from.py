@@ -9,7 +9,7 @@
 The source may have scanned or unrolled layers (`model.scan_layers`): the parameters are
 converted to this run's layout. Only the parameters are taken: the optimizer state is fresh,
 the step is 0 (a RoPE scaling's original length, when not set, is the source's data.seq_len;
-for inter-stream rotary its segment count, bipe_jax.training.position_stats), and everything else
+for inter-stream rotary its segment count, bipe_jax.runs.position_stats), and everything else
 (schedule, data, sequence length, rope scaling, separators, attention implementation) comes
 from the new run's config. Model fields that do not change the parameter tree may therefore
 differ from the source; a parameter the source lacks, has in excess or has in another shape is
@@ -27,30 +27,25 @@ checkpoint's metadata, nothing restored) with this run's model, also before anyt
 from __future__ import annotations
 
 import os
-import re
 from typing import Sequence
 
 import jax
 import numpy as np
 
-from bipe_jax import workdir_io
+from bipe_jax import model as model_lib
+from bipe_jax import schemes
+from bipe_jax.runs import restore as runs
+from bipe_jax.runs import workdir_io
+from bipe_jax.state import checkpointing
 
 
 class InitFromError(ValueError):
   """train.init_from cannot be used: the message names the path or the parameter."""
 
 
-def parse_source(spec: str) -> tuple[str, int | None]:
-  """'DIR' -> (DIR, None); 'DIR@123' -> (DIR, 123)."""
-  match = re.fullmatch(r'(.+)@(\d+)', spec)
-  path, step = (match.group(1), int(match.group(2))) if match else (spec, None)
-  return workdir_io.absolute(path), step
-
-
 def is_workdir(path: str) -> bool:
   """Whether `path` is a bipe_jax workdir (config.json and its checkpoint folder), not a
   Hugging Face folder."""
-  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   if not workdir_io.isfile(os.path.join(path, 'config.json')):
     return False
   try:
@@ -65,11 +60,10 @@ def load_source_params(spec: str, *, separator_ids: Sequence[int] = ()) -> tuple
   separator_ids: used only to build the model of a Hugging Face folder (the parameter tree does
   not depend on them); the new run's resolved ids.
   """
-  path, step = parse_source(spec)
+  path, step = runs.parse_source(spec)
   if not workdir_io.isdir(path):
     raise InitFromError(f'train.init_from={spec!r}: {path} is not a directory')
   if is_workdir(path):
-    from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
     try:
       run = runs.load_run(path, step=step, attention_impl='dense')
     except runs.RunError as e:
@@ -92,10 +86,9 @@ def source_seq_len(spec: str) -> int | None:
   """data.seq_len of the workdir `spec` names (None: no spec, or not a bipe_jax workdir)."""
   if not spec:
     return None
-  path, _ = parse_source(spec)
+  path, _ = runs.parse_source(spec)
   if not is_workdir(path):
     return None
-  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   return int(runs.read_config(path).data.seq_len)
 
 
@@ -112,7 +105,7 @@ def stream_mismatch(source_model, source_data, model, data) -> str | None:
   if have != want:
     return (f'the source was trained with model.position_encoding={have!r}, this run uses '
             f'{want!r}')
-  if not want.startswith('bipe'):
+  if not schemes.get_scheme(want).bilevel:
     return None
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
   rule_have = preparation.separator_rule(source_model, source_data)
@@ -131,7 +124,6 @@ def stream_mismatch(source_model, source_data, model, data) -> str | None:
 def source_config(path: str, spec: str):
   """(model fields, data section or None) of the source at `path`; InitFromError when it is
   neither a bipe_jax run with a checkpoint nor a Hugging Face folder."""
-  from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
   if is_workdir(path):
     config = runs.read_config(path)
     return config.model, config.data
@@ -160,7 +152,7 @@ def check_source(config) -> None:
   spec = config.train.get('init_from', '')
   if not spec:
     return
-  path, step = parse_source(spec)
+  path, step = runs.parse_source(spec)
   if not os.path.isdir(path):
     what = 'is a file' if os.path.exists(path) else 'does not exist'
     raise InitFromError(f'train.init_from={spec!r}: {path} {what} (give a training workdir, '
@@ -170,8 +162,6 @@ def check_source(config) -> None:
     if source_data is None:
       raise InitFromError(f'train.init_from={spec!r}: a step (@{step}) needs a bipe_jax '
                           f'workdir, and {path} is a Hugging Face folder')
-    from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
-    from bipe_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
     ckpt_dir = runs.checkpoint_dir(path, runs.read_config(path))
     steps = sorted(checkpointing.step_dirs(ckpt_dir))
     if step not in steps:
@@ -210,7 +200,6 @@ def check_compatible(source_params, target_params) -> None:
 def with_source_params(state, spec: str, params_shardings, *, separator_ids=()):
   """(`state` with its parameters replaced by the source's, description); optimizer state, step
   and rng of `state` unchanged (a fresh run's)."""
-  from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   source, description = load_source_params(spec, separator_ids=separator_ids)
   source = model_lib.match_layer_layout(source, state.params)  # scanned <-> unrolled layers
   check_compatible(source, state.params)

@@ -19,8 +19,9 @@ from flax import linen as nn
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import model as model_lib
-from bipe_jax import run_logging
-from bipe_jax.training import checkpointing
+from bipe_jax.runs import restore as runs
+from bipe_jax.runs import run_logging
+from bipe_jax.state import checkpointing
 from bipe_jax.training import init_from
 
 
@@ -29,9 +30,8 @@ def source_param_shapes(spec: str, length: int) -> dict | None:
   jax.ShapeDtypeStruct leaves, nothing restored; `length`: the tokens per row the model of a
   Hugging Face folder is traced at. None when no checkpoint's metadata reads (loading the
   parameters then reports the damage, and falls back as evaluation does)."""
-  path, step = init_from.parse_source(spec)
+  path, step = runs.parse_source(spec)
   if init_from.is_workdir(path):
-    from bipe_jax import run_restore as runs  # pylint: disable=g-import-not-at-top
     steps = checkpointing.step_dirs(runs.checkpoint_dir(path, runs.read_config(path)))
     for candidate in ([step] if step is not None else sorted(steps, reverse=True)):
       try:

@@ -22,7 +22,7 @@ import time
 
 from etils import epath
 
-from bipe_jax import workdir_io
+from bipe_jax.runs import workdir_io
 from bipe_jax.training import flops as flops_lib
 
 

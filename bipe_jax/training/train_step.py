@@ -11,9 +11,9 @@ from jax.sharding import PartitionSpec as P
 
 from bipe_jax import model as model_lib
 from bipe_jax.training import chunked_loss
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer as optimizer_lib
-from bipe_jax.training.train_state import TrainState
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer as optimizer_lib
+from bipe_jax.state.train_state import TrainState
 
 
 @jax.custom_vjp

@@ -26,25 +26,25 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bipe_jax import config as model_config_lib
-from bipe_jax import kernels
-from bipe_jax import run_tokenizer
-from bipe_jax import workdir_io
-from bipe_jax.training import checkpointing
+from bipe_jax import platform_choices
+from bipe_jax.runs import tokenizer as run_tokenizer
+from bipe_jax.runs import workdir_io
+from bipe_jax.state import checkpointing
 from bipe_jax.training import config_validation
 from bipe_jax.training import data_loading
 from bipe_jax.training import flops as flops_lib
 from bipe_jax.training import init_from as init_from_lib
 from bipe_jax.training import init_from_shapes
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer as optimizer_lib
-from bipe_jax.training import position_stats
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer as optimizer_lib
+from bipe_jax.runs import position_stats
 from bipe_jax.training import progress
-from bipe_jax.training import run_record
-from bipe_jax.training import train_state as train_state_lib
+from bipe_jax.runs import run_record
+from bipe_jax.state import train_state as train_state_lib
 from bipe_jax.training import train_loop
 from bipe_jax.training import train_step as train_step_lib
 from bipe_jax.training import validation
-from bipe_jax.training import workdir_lock
+from bipe_jax.runs import workdir_lock
 
 
 class NonFiniteLossError(RuntimeError):
@@ -102,7 +102,7 @@ def _barrier(name: str):
 
 def _default_data(config, workdir: str):
   """(make_iterator, model_config) from the data pipeline: prepare, the run's own copy of the
-  tokenizer (bipe_jax.run_tokenizer), separators."""
+  tokenizer (bipe_jax.runs.tokenizer), separators."""
   from bipe_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   try:  # the data pipeline's ValueErrors are about config.data (missing dataset, bad path)
     if jax.process_index() == 0:
@@ -122,7 +122,7 @@ def _segment_statistics(config, workdir: str, model_config, make_iterator):
   """(model_config with an inter-stream rope_original_length resolved, message or None).
 
   A fresh bipe_* run records the segment statistics of its training rows
-  (position_stats.json, read by runs fine-tuned from it); see bipe_jax.training.position_stats.
+  (position_stats.json, read by runs fine-tuned from it); see bipe_jax.runs.position_stats.
   """
   if not config.model.position_encoding.startswith('bipe'):
     return model_config, None
@@ -207,7 +207,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
     model_config = model_config or model_config_lib.model_config_from_dict(config.model)
     model = model_lib.Transformer(model_config)
-  model = kernels.model_for_mesh(model, mesh)  # model.kernels='auto': the mesh's platform
+  model = platform_choices.model_for_mesh(model, mesh)  # model.kernels='auto': the mesh's platform
   pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0

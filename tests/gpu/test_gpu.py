@@ -17,7 +17,7 @@ if jax.default_backend() != 'gpu':
 from bipe_jax import attention
 from bipe_jax import config as config_lib
 from bipe_jax import model as model_lib
-from bipe_jax import pallas
+from bipe_jax.attention import pallas
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import t5

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from bipe_jax.pallas import forward as fwd
-from bipe_jax.pallas import layout
+from bipe_jax.attention.pallas import forward as fwd
+from bipe_jax.attention.pallas import layout
 
 _TRANS_A = (((0,), (0,)), ((), ()))  # contract the first axis of both operands
 

@@ -17,8 +17,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from bipe_jax.kernels.gqa_products import NEG_INF
-from bipe_jax.pallas import layout
-from bipe_jax.pallas.tile_bias import TileBias
+from bipe_jax.attention.pallas import layout
+from bipe_jax.attention.pallas.tile_bias import TileBias
 
 _TRANS_B = (((1,), (1,)), ((), ()))  # contract the last axis of both operands
 
@@ -95,7 +95,7 @@ def side_specs(block_q: int, block_k: int, num_params: int, tile_of):
 def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias: TileBias,
             scale: float, causal: bool, block_q: int, block_k: int, interpret: bool):
   """(out [B, H, Tq, Dh] in q's dtype, lse float32 [B, H, 1, Tq]); Tq, Tk multiples of the
-  blocks (pad first: bipe_jax.pallas.layout)."""
+  blocks (pad first: bipe_jax.attention.pallas.layout)."""
   b, h, tq, d = q.shape
   g, tk = k.shape[1], k.shape[2]
   r = h // g

@@ -18,8 +18,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from bipe_jax.kernels.gqa_products import NEG_INF
-from bipe_jax.pallas import gpu_tiles
-from bipe_jax.pallas import layout
+from bipe_jax.attention.pallas import gpu_tiles
+from bipe_jax.attention.pallas import layout
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, qi_ref, ki_ref, params_ref, o_ref, lse_ref, *,
@@ -67,7 +67,7 @@ def side_specs(block_q: int, tk: int, num_params: int, q_tile_of):
 def forward(q, k, v, params_HxP, q_info, k_info, *, tile_bias, scale: float, causal: bool,
             block_q: int, block_k: int, interpret: bool, num_warps: int = 4):
   """(out [B, H, Tq, Dh] in q's dtype, lse float32 [B, H, Tq]); Tq, Tk multiples of the blocks
-  (pad first: bipe_jax.pallas.layout)."""
+  (pad first: bipe_jax.attention.pallas.layout)."""
   b, h, tq, d = q.shape
   g, tk = k.shape[1], k.shape[2]
   r = h // g

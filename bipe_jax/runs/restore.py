@@ -2,7 +2,7 @@
 conversion (below training and evaluation, so neither imports the other).
 
 A training workdir (train/main.py) holds the config the run used and Orbax checkpoints of the
-train state (bipe_jax/training/checkpointing.py). `load_run` reads the config, rebuilds the
+train state (bipe_jax/state/checkpointing.py). `load_run` reads the config, rebuilds the
 model with evaluation overrides (blockwise attention, so memory grows linearly with length),
 lays the parameters out on a mesh of this machine's devices, and restores the latest (or a
 named) checkpoint, falling back past one that cannot be read, with a warning. It never
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from typing import Any, Callable
 
@@ -20,14 +21,14 @@ import jax
 import ml_collections
 
 from bipe_jax import config as model_config_lib
-from bipe_jax import kernels
-from bipe_jax import run_tokenizer
-from bipe_jax import workdir_io
+from bipe_jax import platform_choices
+from bipe_jax.runs import tokenizer as run_tokenizer
+from bipe_jax.runs import workdir_io
 from bipe_jax import model as model_lib
-from bipe_jax.training import checkpointing
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer as optimizer_lib
-from bipe_jax.training import train_state as train_state_lib
+from bipe_jax.state import checkpointing
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer as optimizer_lib
+from bipe_jax.state import train_state as train_state_lib
 
 CONFIG_FILES = ('config.json',)
 
@@ -82,6 +83,13 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
                  'a training workdir of train/main.py?')
 
 
+def parse_source(spec: str) -> tuple[str, int | None]:
+  """'DIR' -> (DIR, None); 'DIR@123' -> (DIR, 123)."""
+  match = re.fullmatch(r'(.+)@(\d+)', spec)
+  path, step = (match.group(1), int(match.group(2))) if match else (spec, None)
+  return workdir_io.absolute(path), step
+
+
 def checkpoint_dir(workdir: str, config) -> str:
   configured = config.checkpoint.get('dir', '') if 'checkpoint' in config else ''
   return configured or os.path.join(workdir, 'checkpoints')
@@ -130,7 +138,7 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
   except ValueError as e:
     raise RunError(f'{os.path.join(workdir, "config.json")}: {e}') from None
   mesh = mesh or _eval_mesh(config)
-  model_config = kernels.config_for_mesh(model_config, mesh)  # 'auto': the mesh's platform
+  model_config = platform_choices.config_for_mesh(model_config, mesh)  # 'auto': the mesh's platform
   model = model_lib.Transformer(model_config)
   tx = optimizer_lib.make_optimizer(config.train)
   # The parameter tree does not depend on the attention path, so the evaluation model gives

@@ -27,7 +27,8 @@ import os
 import numpy as np
 
 from bipe_jax import positions as positions_lib
-from bipe_jax.training import run_record
+from bipe_jax.runs import restore
+from bipe_jax.runs import run_record
 
 STATS_FILE = 'position_stats.json'
 ROWS = 64
@@ -76,7 +77,6 @@ def needs_inter_original_length(model_fields) -> bool:
 def resolve_inter_original_length(config, workdir: str, own_stats) -> str:
   """Sets config.model.rope_original_length (see the module docstring); returns where it came
   from. `own_stats`: a callable returning this run's own stats (called only when needed)."""
-  from bipe_jax.training import init_from  # pylint: disable=g-import-not-at-top
   saved = os.path.join(workdir, 'config.json')
   record = run_record.read_json(saved)
   if record is not None:
@@ -86,7 +86,7 @@ def resolve_inter_original_length(config, workdir: str, own_stats) -> str:
       return f'{recorded} (recorded in {saved})'
   spec = config.train.init_from
   if spec:
-    source, _ = init_from.parse_source(spec)
+    source, _ = restore.parse_source(spec)
     stats = read(source)
     if stats is not None:
       config.model.rope_original_length = int(stats['max_inter']) + 1

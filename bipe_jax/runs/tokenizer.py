@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from bipe_jax import workdir_io
+from bipe_jax.runs import workdir_io
 
 RUN_TOKENIZER_FILE = 'tokenizer.model'
 

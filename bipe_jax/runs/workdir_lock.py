@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 
-from bipe_jax import workdir_io
+from bipe_jax.runs import workdir_io
 
 LOCK_FILE = '.train.lock'
 

@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any
 
-from bipe_jax import workdir_io
+from bipe_jax.runs import workdir_io
 
 CONFIG_FILE = 'config.json'
 COMPARED_SECTIONS = ('model', 'data')
@@ -47,7 +47,7 @@ def _plain(value: Any) -> Any:
   return json.loads(json.dumps(value, default=str))
 
 
-read_json = workdir_io.read_json  # local or gs:// (etils.epath), see bipe_jax/workdir_io.py
+read_json = workdir_io.read_json  # local or gs:// (etils.epath), see bipe_jax/runs/workdir_io.py
 write_text_atomic = workdir_io.write_text_atomic
 
 

@@ -1,7 +1,7 @@
 """The per-tile pieces of the GPU (Triton) kernels: loads of the side arrays and a tile's logits.
 
 Triton programs cannot slice a loaded array, so each row of the int side arrays
-(bipe_jax.pallas.layout: q_info [B, Tq, INFO], k_info [B, INFO, Tk]) is loaded on its own, and
+(bipe_jax.attention.pallas.layout: q_info [B, Tq, INFO], k_info [B, INFO, Tk]) is loaded on its own, and
 the bias parameters of a head are read one scalar at a time (`TileBias.bias_from`). Queries are
 rows and keys columns: a query tile's fields come as [q, 1] columns, a key tile's as [1, k] rows,
 so they broadcast to [q, k] without a transpose.
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from bipe_jax.kernels.gqa_products import NEG_INF
-from bipe_jax.pallas import layout
+from bipe_jax.attention.pallas import layout
 
 TRANS_B = (((1,), (1,)), ((), ()))  # a [m, d] . b [n, d] -> [m, n]
 TRANS_A = (((0,), (0,)), ((), ()))  # a [d, m] . b [d, n] -> [m, n]

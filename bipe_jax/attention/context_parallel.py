@@ -1,7 +1,7 @@
 """Context parallelism: the sequence axis sharded over the `context` mesh axis.
 
 With `mesh.context = C > 1` every activation [B, T, ...] holds T / C consecutive tokens per
-device (the logical-axis rule `length` -> `context`, training/mesh.py). Two computations need
+device (the logical-axis rule `length` -> `context`, state/mesh.py). Two computations need
 more than their own tokens, and both run inside `jax.shard_map` here:
 
 Positions (`global_positions`). Bilevel streams are prefix counts over the whole row: a shard's
@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from bipe_jax import attention as attention_lib
+from bipe_jax.attention import core as attention_lib
 from bipe_jax import positions as positions_lib
 
 CONTEXT_AXIS = 'context'
-_ROW_AXES = ('data', 'fsdp')  # the batch axes (training/mesh.py BATCH_AXES)
+_ROW_AXES = ('data', 'fsdp')  # the batch axes (state/mesh.py BATCH_AXES)
 _HEAD_AXIS = 'tensor'
 
 # Keyword arguments of the attention functions (attention.py) by the axis that holds their

@@ -1,7 +1,7 @@
 """`pallas_attention`: the Pallas kernels behind bipe_jax.attention's contract, with a custom VJP.
 
 The forward saves only the output and the per-row log-sum-exp; the backward recomputes each
-tile's bias from the position slices (bipe_jax.pallas.backward). Memory is linear in T in both
+tile's bias from the position slices (bipe_jax.attention.pallas.backward). Memory is linear in T in both
 passes. Lowering: Mosaic on TPU; on CPU the same kernels run in Pallas interpret mode (chosen
 when the program is lowered, by `jax.lax.platform_dependent`, so a TPU program compiled ahead of
 time on a CPU host still gets Mosaic). There is no GPU (Triton) lowering: the kernels use the
@@ -17,11 +17,11 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from bipe_jax.pallas import backward as bwd
-from bipe_jax.pallas import forward as fwd
-from bipe_jax.pallas import layout
-from bipe_jax.pallas import sharding
-from bipe_jax.pallas.tile_bias import TileBias
+from bipe_jax.attention.pallas import backward as bwd
+from bipe_jax.attention.pallas import forward as fwd
+from bipe_jax.attention.pallas import layout
+from bipe_jax.attention.pallas import sharding
+from bipe_jax.attention.pallas.tile_bias import TileBias
 
 TPU_BLOCK = 128  # key tiles are lane-major on TPU: a multiple of 128 (or the whole padded axis)
 
@@ -96,10 +96,10 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
 
   q_pos / k_pos [B, Q] / [B, K]: causal indices; q_streams / k_streams: the one int stream the
   bias reads (token or inter index; default the causal indices); tile_bias / bias_params_HxP:
-  the bias kind and its per-head parameters (bipe_jax.pallas.tile_bias; zeros for 'none'); masks
+  the bias kind and its per-head parameters (bipe_jax.attention.pallas.tile_bias; zeros for 'none'); masks
   as bipe_jax.attention. Ragged lengths are padded to the tiles inside. block_k must be a
   multiple of 128 on TPU when K is longer than it. Under a mesh, the kernels run per shard:
-  rows over the mesh axes `batch_axes`, heads over `head_axes` (bipe_jax.pallas.sharding).
+  rows over the mesh axes `batch_axes`, heads over `head_axes` (bipe_jax.attention.pallas.sharding).
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
   b, h, nq, d = q.shape

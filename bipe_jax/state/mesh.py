@@ -7,7 +7,7 @@ Parameters and activations are annotated with *logical* axis names in the model 
 - `data`: pure data parallelism (parameters replicated);
 - `fsdp`: data parallelism that also shards parameters and optimizer state along `embed`;
 - `context`: context (sequence) parallelism: the `length` axis of activations and batches
-  (bipe_jax/context_parallel.py computes positions and attention across its shards);
+  (bipe_jax/attention/context_parallel.py computes positions and attention across its shards);
 - `tensor`: tensor parallelism over heads, MLP width and vocabulary.
 
 The rules are a priority list (flax.linen.partitioning): an array dimension takes the first

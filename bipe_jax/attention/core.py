@@ -11,13 +11,13 @@ Three implementations share one contract:
                        blocks; blocks entirely above the causal diagonal are skipped
                        (`lax.cond`); biases / transforms are evaluated per block from position
                        slices, so no [T, T] array is ever built. Memory is linear in T,
-                       training included (a flash-style custom VJP: flash_attention.py).
+                       training included (a flash-style custom VJP: attention/flash.py).
   fused_attention      `jax.nn.dot_product_attention` (XLA on CPU, cuDNN on GPU where it
                        applies) for schemes with no transform and no bias but an optional
                        per-key bias [B, H, 1, K]: the RoPE family, and the ALiBi family through
                        `alibi.alibi_key_bias` (see there for when that identity holds).
   cudnn_attention      the same, forced to `implementation='cudnn'` (GPU only).
-  pallas_attention     Pallas kernels (bipe_jax.pallas) that compute ALiBi / Kerple / T5 biases
+  pallas_attention     Pallas kernels (bipe_jax.attention.pallas) that compute ALiBi / Kerple / T5 biases
                        per tile from a bias kind and its per-head parameters (`tile_bias`,
                        `bias_params_HxP`) instead of a bias_fn; linear memory in both passes.
 
@@ -51,14 +51,14 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from bipe_jax import attention_support
-from bipe_jax import flash_attention
+from bipe_jax.attention import flash as flash_attention
+from bipe_jax.attention import support as attention_support
 from bipe_jax import kernels as kernels_lib
 from bipe_jax.kernels.gqa_products import NEG_INF
 from bipe_jax.kernels.gqa_products import attention_scores
 from bipe_jax.kernels.gqa_products import weighted_values
-from bipe_jax.attention_blocks import block_logits as _block_logits
-from bipe_jax.attention_blocks import visible as _visible
+from bipe_jax.attention.blocks import block_logits as _block_logits
+from bipe_jax.attention.blocks import visible as _visible
 
 BiasFn = Callable[[Any, Any], jax.Array]
 TransformFn = Callable[..., jax.Array]
@@ -171,7 +171,7 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
   fit in one block this is `dense_attention` itself (measured faster there).
 
   Memory is linear in T in the forward AND the backward pass: a flash-style custom VJP
-  (bipe_jax/flash_attention.py) saves only the output and the per-row log-sum-exp and
+  (bipe_jax/attention/flash.py) saves only the output and the per-row log-sum-exp and
   recomputes each block's scores, bias and transform in the backward pass.
   `checkpoint_blocks` is accepted for compatibility and has no effect (the backward always
   recomputes the blocks).
@@ -291,7 +291,7 @@ def _tile_bias_impl(impl: str) -> Callable[..., jax.Array]:
       raise ValueError(f"attention_impl={impl!r} takes the bias as tile_bias / bias_params_HxP "
                        "(ALiBi, Kerple, T5 or none), not a bias_fn, score transform or mask_fn; "
                        "use 'blockwise' or 'dense' for this encoding.")
-    from bipe_jax import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+    from bipe_jax.attention import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
     kernel = pallas.pallas_attention if impl == 'pallas' else pallas.pallas_gpu_attention
     return kernel(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
 
@@ -310,5 +310,5 @@ def attention_fn(impl: str) -> Callable[..., jax.Array]:
            'pallas_gpu': pallas_gpu_attention}
   if impl not in impls:
     raise ValueError(f'attention_impl must be one of {ATTENTION_IMPLS[1:]} (resolve \'auto\' '
-                     f'first: attention_support.resolve_attention_impl), got {impl!r}.')
+                     f'first: attention.support.resolve_attention_impl), got {impl!r}.')
   return impls[impl]

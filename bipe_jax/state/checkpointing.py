@@ -38,7 +38,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from bipe_jax import workdir_io
+from bipe_jax.runs import workdir_io
 from jax.experimental import multihost_utils
 
 

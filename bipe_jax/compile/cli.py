@@ -9,10 +9,12 @@ printed and one line says why it could not be compiled.
 import json
 import sys
 
-from bipe_jax.training import aot_compile
+from bipe_jax.compile import aot
+from bipe_jax.compile import gpu_lowering
+from bipe_jax.compile import gpu_targets
+from bipe_jax.compile import report as report_lib
+from bipe_jax.compile.topologies import CompileError
 from bipe_jax.training import config_validation
-from bipe_jax.training import gpu_lowering
-from bipe_jax.training import gpu_targets
 
 LOWERED_ONLY = 3
 
@@ -31,14 +33,13 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
   lower_only = gpu_targets.lower_only_reason() if platform == 'cuda' else None
   try:
     if lower_only:
-      report = aot_compile.lower_for_cuda(config, topology, eval_lengths=lengths,
-                                          eval_batch_size=eval_batch_size)
+      report = aot.lower_for_cuda(config, topology, eval_lengths=lengths,
+                                  eval_batch_size=eval_batch_size)
     else:
-      report = aot_compile.compile_for_topology(config, topology, num_slices=num_slices,
-                                                eval_lengths=lengths,
-                                                eval_batch_size=eval_batch_size,
-                                                platform=platform)
-  except (config_validation.ConfigError, aot_compile.CompileError) as e:
+      report = aot.compile_for_topology(config, topology, num_slices=num_slices,
+                                        eval_lengths=lengths, eval_batch_size=eval_batch_size,
+                                        platform=platform)
+  except (config_validation.ConfigError, CompileError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   if lower_only:
@@ -51,11 +52,11 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
         json.dump(report.to_json(), f, indent=1)
     print(f'not compiled: {lower_only}', file=sys.stderr, flush=True)
     return LOWERED_ONLY
-  print(aot_compile.format_report(report), flush=True)
+  print(report_lib.format_report(report), flush=True)
   if output:
     with open(output, 'w', encoding='utf-8') as f:
       json.dump(report.to_json(), f, indent=1)
   if not all(report.fits(step) for step in report.steps):
-    print(f'error: {aot_compile.fit_advice(report)}', file=sys.stderr, flush=True)
+    print(f'error: {report_lib.fit_advice(report)}', file=sys.stderr, flush=True)
     return 1
   return 0

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from bipe_jax.pallas import gpu_tiles
-from bipe_jax.pallas import layout
+from bipe_jax.attention.pallas import gpu_tiles
+from bipe_jax.attention.pallas import layout
 
 
 def _probabilities(q, k, v, do, lse, delta, q_fields, k_fields, param, statics):

@@ -42,7 +42,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from bipe_jax import attention_blocks as blocks
+from bipe_jax.attention import blocks
 from bipe_jax.kernels.gqa_products import NEG_INF
 
 _F32 = jnp.float32

@@ -1,6 +1,6 @@
 """`pallas_gpu_attention`: the tile-bias attention for GPUs (Pallas on Triton), with a custom VJP.
 
-The same contract as `bipe_jax.pallas.pallas_attention` (the TPU kernel): the bias is a
+The same contract as `bipe_jax.attention.pallas.pallas_attention` (the TPU kernel): the bias is a
 `TileBias` kind ('none', 'alibi', 'kerple', 't5') with per-head parameters [H, P], computed per
 tile from position slices; masks, GQA and ragged lengths as bipe_jax.attention; values and
 gradients (q, k, v and the bias parameters) equal dense attention with the matching bias_fn.
@@ -21,11 +21,11 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from bipe_jax.pallas import gpu_backward as bwd
-from bipe_jax.pallas import gpu_forward as fwd
-from bipe_jax.pallas import layout
-from bipe_jax.pallas import sharding
-from bipe_jax.pallas.tile_bias import TileBias
+from bipe_jax.attention.pallas import gpu_backward as bwd
+from bipe_jax.attention.pallas import gpu_forward as fwd
+from bipe_jax.attention.pallas import layout
+from bipe_jax.attention.pallas import sharding
+from bipe_jax.attention.pallas.tile_bias import TileBias
 
 GPU_BLOCK = 64
 MIN_TRITON_BLOCK = 16
@@ -98,7 +98,7 @@ def pallas_gpu_attention(q_BxHxQxDh: jax.Array,
                          batch_axes: sharding.Axes = None,
                          head_axes: sharding.Axes = None) -> jax.Array:
   """Attention with an on-the-fly bias; [B, H, Q, Dh] in q's dtype. Arguments as
-  `bipe_jax.pallas.pallas_attention` (the TPU kernel); `block_q` / `block_k` are rounded down to
+  `bipe_jax.attention.pallas.pallas_attention` (the TPU kernel); `block_q` / `block_k` are rounded down to
   powers of two (>= 16)."""
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
   b, h, _, d = q.shape

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 
-from bipe_jax import workdir_io
+from bipe_jax.runs import workdir_io
 
 _FORMAT = '%(asctime)s %(levelname)s %(name)s: %(message)s'
 # Library warnings that say nothing to a person watching the run: the file only.

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bipe_jax.training import mesh as mesh_lib
+from bipe_jax.state import mesh as mesh_lib
 
 
 @flax.struct.dataclass

@@ -1,0 +1,5 @@
+"""The train state and what it lives on: the named mesh and sharding rules (mesh), AdamW and its
+schedules (optimizer), the sharded train state (train_state), Orbax checkpoints (checkpointing).
+
+Below runs/ and training/: imports nothing from them (tests/test_import_structure.py).
+"""
