@@ -33,13 +33,16 @@ $(TEST_STAMP): $(CORE_STAMP) $(TPU_STAMP) requirements-interop.txt
 
 setup: $(TEST_STAMP)
 
-# The whole suite, slow end-to-end tests included.
+# The whole suite, slow end-to-end tests included (what .ci/run runs); the 25 slowest tests are
+# listed at the end. --dist loadfile keeps a test file on one worker, so a module's shared
+# fixture (a compile, a subprocess run) is built once, not once per worker.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(PYTEST) --durations=25 tests
 
-# Everything but the tests marked slow.
+# The edit loop: everything but the tests marked slow (end-to-end runs, subprocesses).
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # rope and bipe_rope; demo-all adds alibi and bipe_alibi (reusing the first two runs).
 demo: $(CORE_STAMP)
