@@ -24,7 +24,8 @@ import numpy as np
 import portpicker
 import pytest
 
-from tests.fixtures import CLI_EVERY, CLI_STEPS, ROOT, checkpoint_steps, cli_args, cli_env, dirs, file_lock, run_cli  # pylint: disable=unused-import
+# The shared helpers, importable from here as before (other test files import them by these names).
+from tests.fixtures import CLI_EVERY, CLI_STEPS, MAIN, ROOT, checkpoint_steps, cli_args, cli_env, dirs, file_lock, run_cli, write_text_folder  # pylint: disable=unused-import
 
 pytestmark = [pytest.mark.slow]
 
