@@ -17,8 +17,9 @@ Writing that cache safely from several processes. JAX's cache (jax._src.lru_cach
 writes an entry with a plain `write_bytes` and, with its default size limit (-1: none), reads
 and writes without a lock: a process reading an entry another process is still writing gets a
 truncated file ("Error -5 while decompressing data"). With a size limit set the cache takes an
-fcntl file lock (`<cache>/.lockfile`, the `filelock` package) around every read and write, so a
-reader waits for the writer to finish. The suite sets JAX_COMPILATION_CACHE_MAX_SIZE (a limit
+fcntl file lock (`<cache>/.lockfile`, the `filelock` package, pinned in requirements-interop.txt
+which `make test` installs) around every read and write, so a reader waits for the writer to
+finish (tests/test_compilation_cache_lock.py shows both behaviours). The suite sets JAX_COMPILATION_CACHE_MAX_SIZE (a limit
 far above what it writes: nothing is evicted) in the environment that the workers and every
 subprocess inherit, so all of them use the lock.
 """
