@@ -56,7 +56,7 @@ SMOKE = {
     'pallas_tpu_memory.py': ('tpu', ['--preset', 'tiny', '--lengths', '128', '--impls',
                                      'pallas', '--topology', 'v5e:2x2', '--remat', 'full']),
     'context_parallel_compile.py': ('tpu', ['--preset', 'tiny', '--seq_len', '128',
-                                            '--topology', 'v5e:2x2', '--context', '2',
+                                            '--topology', 'v5e:2x2', '--context', '4',
                                             '--block_size', '32', '--dtype', 'float32',
                                             '--out', '{tmp}/context_parallel.jsonl']),
     # Its rows are the big presets; the table is rendered from a tiny row compiled the same
