@@ -44,9 +44,12 @@ $(TEST_STAMP): $(CORE_STAMP) $(TPU_STAMP) $(CUDA_STAMP) requirements-interop.txt
 
 setup: $(TEST_STAMP)
 
-# The whole suite, slow end-to-end tests included (tests/gpu needs a GPU: make test-gpu).
+# The whole suite, slow end-to-end tests included (what .ci/run runs); the 25 slowest tests are
+# listed at the end. --dist loadfile keeps a test file on one worker, so a module's shared
+# fixture (a compile, a subprocess run) is built once, not once per worker.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup --ignore=tests/gpu tests
+	$(PYTEST) --durations=25 --ignore=tests/gpu tests
 
 # On a host with an NVIDIA GPU: the CUDA runtime (requirements-gpu.txt), the GPU suite (cuDNN and
 # the Triton tile-bias kernels against dense attention, bf16 training) and the 151M step
@@ -60,9 +63,9 @@ test-gpu: $(TEST_STAMP)
 	  JAX_PLATFORMS=cuda $(PY) benchmarks/gpu_step.py; \
 	fi
 
-# Everything but the tests marked slow.
+# The edit loop: everything but the tests marked slow (end-to-end runs, subprocesses).
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow" tests
+	$(PYTEST) -m "not slow" --ignore=tests/gpu tests
 
 # rope and bipe_rope; demo-all adds alibi and bipe_alibi (reusing the first two runs).
 demo: $(CORE_STAMP)

@@ -4,12 +4,15 @@
 Run (on a CPU host: libtpu compiles for a TPU topology without a TPU; minutes per point):
   ALLOW_MULTIPLE_LIBTPU_LOAD=1 JAX_PLATFORMS=cpu nice -n 10 .venv/bin/python \
       benchmarks/pallas_tpu_memory.py --preset bipe_alibi_151m --lengths 8192,32768 \
-      --impls blockwise,pallas --topology v5e:2x2 --per_chip_batch 1 [--remat]
+      --impls blockwise,pallas --topology v5e:2x2 --per_chip_batch 1 [--remat [POLICY]]
   --kernel_only: compile only the attention (forward + backward) of one layer's shapes.
 
 The step is bipe_jax's own (training/train_step.make_train_step: forward, backward, AdamW
 update) on a data-parallel mesh over the topology's chips, with model.scan_layers=true and the
-preset's dtype and block size (`--remat`: model.remat=true); the batch is `per_chip_batch` rows of `length` tokens per chip.
+preset's dtype and block size (`--remat POLICY`: model.remat, one of bipe_jax.remat's policies;
+a bare `--remat` is 'full', per-layer remat); the batch is `per_chip_batch` rows of `length`
+tokens per chip. Smallest run (the smoke test's): `--preset tiny --lengths 128 --impls
+blockwise,pallas --topology v5e:1x1`.
 Reports XLA's memory_analysis() per chip (arguments, outputs, temporaries) as JSON lines, and
 the count of Mosaic kernels in the compiled program (3 per attention: forward, dQ, dK/dV); a
 point that does not fit in the chip's memory is reported with XLA's error line.
@@ -44,7 +47,7 @@ def _figures(compiled, t0: float) -> dict:
 
 
 def compile_train_step(preset: str, impl: str, length: int, topology: str,
-                       per_chip_batch: int, remat: bool) -> dict:
+                       per_chip_batch: int, remat: str) -> dict:
   """Compiles the preset's training step for `topology`; its per-chip memory figures."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -116,13 +119,16 @@ def compile_kernel(impl: str, length: int, topology: str, heads: int = 12, head_
 
 
 def main(argv=None) -> int:
+  from bipe_jax import remat as remat_lib  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--preset', default='bipe_alibi_151m')
   parser.add_argument('--lengths', default='8192,32768')
   parser.add_argument('--impls', default='blockwise,pallas')
   parser.add_argument('--topology', default='v5e:2x2')
   parser.add_argument('--per_chip_batch', type=int, default=1)
-  parser.add_argument('--remat', action='store_true', help='model.remat=true (per layer)')
+  parser.add_argument('--remat', nargs='?', const='full', default='none',
+                      choices=remat_lib.REMAT_POLICIES,
+                      help="model.remat: a policy name; a bare --remat is 'full' (per layer)")
   parser.add_argument('--kernel_only', action='store_true')
   args = parser.parse_args(argv)
   for length in (int(n) for n in args.lengths.split(',')):

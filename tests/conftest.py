@@ -1,16 +1,27 @@
-"""Shared pytest set-up: repo root on sys.path (for `configs`), CPU only, fast XLA compiles.
+"""Shared pytest set-up: repo root on sys.path (for `configs`), CPU only, fast XLA compiles, one
+compilation cache written safely by parallel workers, the shared fixtures of tests/fixtures.py.
 
 The suite's models are tiny, so its time goes to XLA compiling them, not to running them: at
 LLVM's default optimisation level one compile of a 3-layer width-32 model's init takes ~6 s on
 the 2-core machine, at level 0 ~2.5 s. The tests check what is computed, which the backend's
 optimisation level does not change (matmuls are library calls either way), so the suite — and
-every subprocess it starts, which inherits this environment — compiles at level 0 unless
-XLA_FLAGS already sets a level.
+every subprocess it starts, which inherits this environment (tests/fixtures.py's `cpu_env` keeps
+the flag when it sets a device count) — compiles at level 0 unless XLA_FLAGS already sets a level.
 
 For the same reason the suite shares one persistent compilation cache among its pytest-xdist
 workers and the subprocesses they start (a fresh temporary directory per `pytest` invocation,
 removed at its end; JAX_COMPILATION_CACHE_DIR set by the caller is kept): a computation that
 several tests or CLI runs build alike is compiled once.
+
+Writing that cache safely from several processes. JAX's cache (jax._src.lru_cache.LRUCache)
+writes an entry with a plain `write_bytes` and, with its default size limit (-1: none), reads
+and writes without a lock: a process reading an entry another process is still writing gets a
+truncated file ("Error -5 while decompressing data"). With a size limit set the cache takes an
+fcntl file lock (`<cache>/.lockfile`, the `filelock` package, pinned in requirements-interop.txt
+which `make test` installs) around every read and write, so a reader waits for the writer to
+finish (tests/test_compilation_cache_lock.py shows both behaviours). The suite sets JAX_COMPILATION_CACHE_MAX_SIZE (a limit
+far above what it writes: nothing is evicted) in the environment that the workers and every
+subprocess inherit, so all of them use the lock.
 """
 
 import atexit
@@ -26,6 +37,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 FAST_COMPILE_FLAG = '--xla_backend_optimization_level=0'
 if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {FAST_COMPILE_FLAG}'.strip()
+CACHE_MAX_BYTES = str(64 * 2**30)  # the lock's switch; the suite writes well under 1 GiB
 
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get('PYTEST_XDIST_WORKER'):
   # This module is imported by the controlling pytest process before it starts the workers,
@@ -34,3 +46,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get('PYTEST_
   atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
   os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache_dir
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', CACHE_MAX_BYTES)
+
+# pylint: disable=wrong-import-position,unused-import
+from tests.fixtures import dirs, trained_rope_run, trained_run  # noqa: E402,F401

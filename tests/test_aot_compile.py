@@ -63,6 +63,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # compiles for TPU: make test, not make test-fast
 @pytest.mark.parametrize('encoding,mesh', CASES)
 def test_tiny_model_compiles_for_tpu(encoding, mesh):
   config = tiny_config(encoding, mesh)
@@ -98,6 +99,7 @@ def test_tiny_model_compiles_for_tpu(encoding, mesh):
   assert step.compile_seconds > 0
 
 
+@pytest.mark.slow  # compiles for TPU: make test, not make test-fast
 def test_fsdp_gradients_of_every_matrix_are_reduce_scattered():
   """MaxText's FSDP layout: each weight matrix's gradient leaves the step reduce-scattered (each
   chip receives its shard), none all-reduced at full size; only the replicated norm scales
@@ -125,6 +127,7 @@ def test_fsdp_gradients_of_every_matrix_are_reduce_scattered():
   assert shapes and all(',' not in s for s in shapes), shapes  # vectors and scalars only
 
 
+@pytest.mark.slow  # compiles for TPU: make test, not make test-fast
 def test_eval_step_and_cli_table_and_json(tmp_path, capsys):
   out = tmp_path / 'figures.json'
   # (a mesh no other test compiles: JAX's persistent cache, which the suite shares, stores a
@@ -229,6 +232,7 @@ def test_shard_bytes_counts_one_devices_share():
   assert hlo_stats.shard_bytes(tree, {'a': sharding, 'b': sharding}) == 3 * 5 * 4 + 7 * 2
 
 
+@pytest.mark.slow  # compiles for TPU: make test, not make test-fast
 def test_the_tpu_program_takes_the_portable_path():
   """model.kernels='auto' resolves to 'portable' for TPU devices: RoPE's sin / cos computed in
   the program (the CPU path gathers host tables) and fewer optimization barriers (the CPU path
@@ -246,6 +250,7 @@ def test_the_tpu_program_takes_the_portable_path():
   assert portable.get('optimization_barrier', 0) < cpu['optimization_barrier']
 
 
+@pytest.mark.slow  # compiles for TPU: make test, not make test-fast
 def test_two_slices_put_the_data_axis_across_them():
   config = tiny_config('rope', (2, 4, 1))
   report = aot_compile.compile_for_topology(config, TOPOLOGY, num_slices=2)

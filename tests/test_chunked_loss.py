@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from configs import base
-from bipe_jax import config as config_lib
 from bipe_jax import model as model_lib
 from bipe_jax.training import chunked_loss
 from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.state import optimizer
 from bipe_jax.state import train_state
 from bipe_jax.training import train_step
+from tests.fixtures import tiny_model_config
 
 B, T, D, V = 3, 8, 5, 11
 
@@ -116,11 +116,10 @@ def test_bad_inputs_name_the_problem():
 
 
 def _tiny_model():
-  cfg = config_lib.ModelConfig(
+  return model_lib.Transformer(tiny_model_config(
       vocab_size=40, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, ffn_size=32,
       max_intra=16, max_position=32, train_length=12, separator_ids=(3,), pad_id=0,
-      position_encoding='bipe_rope', attention_impl='dense')
-  return model_lib.Transformer(config_lib.validate_model_config(cfg))
+      position_encoding='bipe_rope', attention_impl='dense'))
 
 
 def test_training_step_with_chunks_equals_the_plain_step():

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from bipe_jax import positions
+from tests.fixtures import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, SEP, BOS, PAD = 24, 3, 1, 0
@@ -230,14 +231,13 @@ def run_cases() -> dict:
 
 @pytest.fixture(scope='module')
 def cases() -> dict:
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
-  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env,
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=cpu_env(8),
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the subprocess on 8 fake devices: make test, not make test-fast
 @pytest.mark.parametrize('mesh', ['c4', 'd2c4'])
 def test_global_positions_equal_those_of_the_whole_rows(cases, mesh):
   for restart in (False, True):
@@ -246,6 +246,7 @@ def test_global_positions_equal_those_of_the_whole_rows(cases, mesh):
   assert cases[f'positions_largest_gather/{mesh}'] <= CONTEXT * 4 * 7 < 4 * T
 
 
+@pytest.mark.slow  # the subprocess on 8 fake devices: make test, not make test-fast
 @pytest.mark.parametrize('case', [f'{e}/c4' for e in ENCODINGS] +
                          ['bipe_rope/d2c4', 'bipe_alibi/d2c4'])
 def test_sharded_losses_and_gradients_equal_unsharded(cases, case):
@@ -257,6 +258,7 @@ def test_sharded_losses_and_gradients_equal_unsharded(cases, case):
   assert cases[f'other_gathers/{case}'] == []
 
 
+@pytest.mark.slow  # the subprocess on 8 fake devices: make test, not make test-fast
 def test_training_step_shards_batches_over_data_and_context(cases):
   assert cases['train_step/batch_sharding'] == str(
       jax.sharding.PartitionSpec(('data', 'fsdp'), 'context'))

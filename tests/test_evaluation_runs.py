@@ -30,6 +30,7 @@ from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.state import train_state as train_state_lib
 from configs import arithmetic_tiny
 from tests import reference_numpy
+from tests.fixtures import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -246,8 +247,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_evaluation_sharded_over_a_4_device_mesh_matches_one_device(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  env = cpu_env(4)
   proc = subprocess.run([sys.executable, '-c', _MESH_SCRIPT, ROOT, str(tmp_path / 'w')],
                         capture_output=True, text=True, timeout=300, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -112,9 +112,9 @@ def test_bad_sampling_config(kwargs, field):
 
 import flax.linen as nn  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
-from bipe_jax import config as config_lib  # pylint: disable=g-import-not-at-top
 from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
 from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
+from tests.fixtures import tiny_model_config  # pylint: disable=g-import-not-at-top
 
 SEPS = (2, 3)
 # Row 0 ends with a separator (the first generated token starts a new segment); row 1 has two
@@ -129,7 +129,7 @@ def _tiny_model(name, num_layers=1, documents=False):
                 separator_ids=SEPS, max_intra=16, max_position=32, train_length=16,
                 attention_impl='dense', bos_id=1, restart_at_documents=documents,
                 mask_across_documents=documents)
-  model = model_lib.Transformer(config_lib.model_config_from_dict(fields))
+  model = model_lib.Transformer(tiny_model_config(**fields))
   # Random parameters of the model's shapes (no init compile): matrices ~ N(0, 0.16^2), so
   # logits differ clearly between tokens and positions; vectors and scalars (norm scales, Kerple
   # p and a, FIRE c and L, DAPE biases) in [0.5, 1.5], positive as those parameters must be.

@@ -22,10 +22,15 @@ from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.runs import run_record
 from bipe_jax.state import train_state as train_state_lib
-from tests.test_init_from import source  # pylint: disable=unused-import
-from tests.test_training_e2e import ROOT, dirs, file_lock  # pylint: disable=unused-import
+from tests.fixtures import ROOT
 
 pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture(scope='module')
+def source(trained_rope_run):
+  """The session's text run (tests/fixtures.py): its tokenizer and config are the base here."""
+  return trained_rope_run
 
 
 def bipe_run_on_its_own_tokenizer(source_workdir, workdir):

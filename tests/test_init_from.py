@@ -2,7 +2,6 @@
 from a workdir (optionally @STEP) or a Hugging Face folder; clear errors on a mismatch."""
 
 import os
-import shutil
 
 import chex
 import jax
@@ -18,26 +17,17 @@ from bipe_jax.training import init_from_shapes
 from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.state import train_state as train_state_lib
-from tests.test_training_e2e import checkpoint_steps, dirs, file_lock, run_cli  # pylint: disable=unused-import
+from tests.fixtures import checkpoint_steps, run_cli
 
 pytestmark = [pytest.mark.slow]
 
-SHORT = ('--config.train.steps=4', '--config.checkpoint.every_steps=2',
-         '--config.checkpoint.async_save=False')
 ROPE = '--config.model.position_encoding=rope'  # exportable to a Hugging Face Llama folder
 
 
 @pytest.fixture(scope='module')
-def source(dirs):
-  """A finished 4-step run, made once for all pytest-xdist workers (under a lock)."""
-  workdir = str(dirs / 'init_from_source')
-  with file_lock(str(dirs / '.init_from_source.lock')):
-    if not os.path.exists(os.path.join(workdir, 'DONE')):
-      shutil.rmtree(workdir, ignore_errors=True)
-      run_cli(dirs, workdir, *SHORT, ROPE)
-      open(os.path.join(workdir, 'DONE'), 'w', encoding='utf-8').close()
-  assert checkpoint_steps(workdir) == [2, 4]
-  return workdir
+def source(trained_rope_run):
+  """The session's finished 4-step rope run (tests/fixtures.py; checkpoints 2 and 4)."""
+  return trained_rope_run
 
 
 def fresh_state(workdir):

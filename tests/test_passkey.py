@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bipe_jax import config as config_lib
 from bipe_jax import generation
 from bipe_jax import model as model_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax.evaluation import passkey
 from bipe_jax.tasks import passkey as task
+from tests.fixtures import tiny_model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = task.PasskeyTokenizer()
@@ -70,10 +70,8 @@ def test_training_rows_resume_exactly():
 
 
 def _tiny_model():
-  cfg = config_lib.model_config_from_dict(dict(
-      vocab_size=TOK.vocab_size, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
-      position_encoding='bipe_rope', separators='ids', separator_ids=TOK.separator_ids('auto'),
-      max_intra=32, attention_impl='dense', bos_id=1))
+  cfg = tiny_model_config(vocab_size=TOK.vocab_size, separator_ids=TOK.separator_ids('auto'),
+                          attention_impl='dense', bos_id=1)
   model = model_lib.Transformer(cfg)
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))['params'])
   return model, params

@@ -3,7 +3,6 @@ segment units: recorded by a run, used by the runs fine-tuned from it."""
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from bipe_jax import config as model_config_lib
 from bipe_jax.encodings import rope
 from bipe_jax.runs import position_stats
 from configs import base
-from tests.test_training_e2e import dirs, file_lock, run_cli  # pylint: disable=unused-import
+from tests.fixtures import run_cli
 
 
 def _model_config(**fields):
@@ -95,13 +94,9 @@ SHORT = ('--config.train.steps=2', '--config.checkpoint.every_steps=2',
 
 
 @pytest.mark.slow
-def test_a_bipe_run_records_its_segments_and_a_yarn_fine_tune_uses_them(dirs, tmp_path):
-  source = str(dirs / 'bipe_stats_source')
-  with file_lock(str(dirs / '.bipe_stats_source.lock')):
-    if not os.path.exists(os.path.join(source, 'DONE')):
-      shutil.rmtree(source, ignore_errors=True)
-      run_cli(dirs, source, *SHORT)
-      open(os.path.join(source, 'DONE'), 'w', encoding='utf-8').close()
+def test_a_bipe_run_records_its_segments_and_a_yarn_fine_tune_uses_them(dirs, trained_run,
+                                                                        tmp_path):
+  source = trained_run  # the session's bipe_rope run (tests/fixtures.py)
   stats = position_stats.read(source)
   with open(os.path.join(source, 'config.json')) as f:
     trained = json.load(f)

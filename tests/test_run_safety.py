@@ -8,32 +8,18 @@ state exists.
 
 import json
 import os
-import shutil
 
 import pytest
 
 from bipe_jax.runs import run_record
-from tests.test_training_e2e import checkpoint_steps, dirs, run_cli  # pylint: disable=unused-import
+from tests.fixtures import SHORT, checkpoint_steps, copy_run, run_cli
 
 pytestmark = [pytest.mark.slow]
 
-SHORT = ('--config.train.steps=4', '--config.checkpoint.every_steps=2',
-         '--config.checkpoint.async_save=False')
-
-
 @pytest.fixture(scope='module')
-def trained(dirs, tmp_path_factory):
-  """A finished 4-step run (checkpoints 2 and 4) to copy from."""
-  workdir = str(tmp_path_factory.mktemp('safety') / 'run')
-  run_cli(dirs, workdir, *SHORT)
-  assert checkpoint_steps(workdir) == [2, 4]
-  return workdir
-
-
-def copy_run(src, tmp_path, name='copy'):
-  dst = str(tmp_path / name)
-  shutil.copytree(src, dst)
-  return dst
+def trained(trained_run):
+  """The session's finished 4-step bipe_rope run (checkpoints 2 and 4): copied, never changed."""
+  return trained_run
 
 
 def last_line(proc) -> str:

@@ -12,17 +12,15 @@ from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax.data import preparation
 from bipe_jax.evaluation import cli as eval_cli
 from bipe_jax.runs import restore as runs_lib
-from tests.test_training_e2e import ROOT, cli_env, dirs, run_cli  # pylint: disable=unused-import
+from tests.fixtures import ROOT, cli_env
 
 pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope='module')
-def run(dirs, tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('tok') / 'run')
-  run_cli(dirs, workdir, '--config.train.steps=2', '--config.checkpoint.every_steps=2',
-          '--config.checkpoint.async_save=False')
-  return workdir
+def run(trained_run):
+  """The session's finished bipe_rope run (tests/fixtures.py): read or copied, never changed."""
+  return trained_run
 
 
 def test_training_records_a_copy_and_its_hash(run):

@@ -16,8 +16,6 @@ import pytest
 from bipe_jax.evaluation import scrolls
 from bipe_jax.tasks import scrolls as task
 from bipe_jax.training import train_step as train_step_lib
-from tests.test_init_from import source  # pylint: disable=unused-import
-from tests.test_training_e2e import dirs  # pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,7 +119,8 @@ def write_set(folder, rng, count):
 
 
 @pytest.mark.slow
-def test_fine_tune_and_score_end_to_end(dirs, source, tmp_path):
+def test_fine_tune_and_score_end_to_end(trained_rope_run, tmp_path):
+  source = trained_rope_run  # the session's rope run (tests/fixtures.py)
   data = str(tmp_path / 'qasper')
   write_set(data, np.random.default_rng(0), 64)
   workdir = str(tmp_path / 'tuned')

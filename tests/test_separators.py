@@ -11,7 +11,7 @@ from bipe_jax.data import tokenizer as tokenizer_lib
 from bipe_jax.training import config_validation
 from configs import base
 
-from tests.test_training_e2e import ROOT, cli_args, cli_env, dirs  # pylint: disable=unused-import
+from tests.fixtures import ROOT, cli_args, cli_env
 
 
 class FakeSentencePiece:

@@ -1,6 +1,6 @@
 """End-to-end tests of `train/main.py` in subprocesses (JAX device flags set before import).
 
-One module-scoped single-device baseline run (N steps, constant learning rate so runs with
+One single-device baseline run (made once per session) (N steps, constant learning rate so runs with
 other `train.steps` share the same per-step updates) is the reference for:
 - 8 fake CPU devices, mesh data=2 fsdp=2 tensor=2;
 - two processes on 127.0.0.1 (jax.distributed, gloo), each with 2 fake devices;
@@ -9,102 +9,28 @@ other `train.steps` share the same per-step updates) is the reference for:
 - checkpoints restored across meshes (1 -> 8 devices, then 8 -> 1).
 The data is a small generated text folder (dataset=text_folder) with a 320-piece tokenizer,
 prepared once by the baseline run; `train.data_shards=2` makes the global batches identical
-for one or two processes.
+for one or two processes. The data, the CLI helpers and the shared directory are
+tests/fixtures.py's.
 """
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import portpicker
 import pytest
 
+# The shared helpers, importable from here as before (other test files import them by these names).
+from tests.fixtures import CLI_EVERY, CLI_STEPS, MAIN, ROOT, checkpoint_steps, cli_args, cli_env, dirs, file_lock, run_cli, write_text_folder  # pylint: disable=unused-import
+
 pytestmark = [pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAIN = os.path.join(ROOT, 'train', 'main.py')
-N = 120  # baseline steps
-EVERY = 30  # checkpoint interval
-WORDS = ('the a model token segment position sentence encoding length train test data value '
-         'code line word').split()
-
-
-def write_text_folder(path):
-  rng = np.random.default_rng(0)
-  os.makedirs(path, exist_ok=True)
-  for d in range(60):
-    lines = []
-    for _ in range(rng.integers(5, 20)):
-      sentence = ' '.join(rng.choice(WORDS, rng.integers(3, 10)))
-      lines.append(sentence.capitalize() + str(rng.choice(['.', '!', '?', ','])))
-    with open(os.path.join(path, f'doc{d:03d}.txt'), 'w', encoding='utf-8') as f:
-      f.write('\n'.join(lines) + '\n')
-
-
-@contextlib.contextmanager
-def file_lock(path):
-  with open(path, 'w', encoding='utf-8') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@pytest.fixture(scope='module')
-def dirs(tmp_path_factory):
-  """A directory shared by the pytest-xdist workers of this session (one baseline for all).
-
-  Grouping with xdist_group is not relied on: pytest 9.2 + xdist 3.8 ignore it (xdist #1386).
-  """
-  root = tmp_path_factory.getbasetemp()
-  if os.environ.get('PYTEST_XDIST_WORKER'):
-    root = root.parent
-  base = root / 'training_e2e_shared'
-  base.mkdir(exist_ok=True)
-  with file_lock(str(base / '.lock')):
-    if not (base / 'text').is_dir():
-      write_text_folder(str(base / 'tmp_text'))
-      os.rename(base / 'tmp_text', base / 'text')
-  return base
-
-
-def cli_args(dirs, workdir, *extra):
-  return [sys.executable, MAIN, '--config=configs/tiny.py', f'--workdir={workdir}',
-          '--config.model.vocab_size=320', '--config.model.hidden_size=32',
-          '--config.model.num_layers=2', '--config.model.num_heads=4',
-          '--config.model.ffn_size=64', '--config.model.max_intra=32',
-          '--config.model.max_position=32', '--config.model.block_size=16',
-          '--config.data.seq_len=32', '--config.data.dataset=text_folder',
-          f'--config.data.text_dir={dirs / "text"}', f'--config.data.data_dir={dirs / "data"}',
-          '--config.data.tokenizer_vocab_size=320', '--config.train.batch_size=8',
-          f'--config.train.steps={N}', '--config.train.schedule=constant',
-          '--config.train.warmup_steps=2', '--config.train.log_every=1',
-          f'--config.checkpoint.every_steps={EVERY}', '--config.train.data_shards=2',
-          *extra]
-
-
-def cli_env(dirs, devices=1):
-  env = dict(os.environ)
-  env.update(JAX_PLATFORMS='cpu', JAX_COMPILATION_CACHE_DIR=str(dirs / 'jax_cache'),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
-  return env
-
-
-def run_cli(dirs, workdir, *extra, devices=1, expect=0):
-  proc = subprocess.run(cli_args(dirs, workdir, *extra), cwd=ROOT, env=cli_env(dirs, devices),
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return proc
+N = CLI_STEPS  # baseline steps
+EVERY = CLI_EVERY  # checkpoint interval
 
 
 def read_losses(workdir) -> dict:
@@ -117,11 +43,6 @@ def read_losses(workdir) -> dict:
         np.testing.assert_allclose(row['loss'], losses[row['step']], rtol=1e-6)
       losses[row['step']] = row['loss']
   return losses
-
-
-def checkpoint_steps(workdir) -> list:
-  path = os.path.join(workdir, 'checkpoints')
-  return sorted(int(n) for n in os.listdir(path) if n.isdigit())
 
 
 def assert_losses_match(got, want, steps, rtol=1e-6):

@@ -21,9 +21,9 @@ from bipe_jax.attention import pallas
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import t5
-from bipe_jax.training import mesh as mesh_lib
-from bipe_jax.training import optimizer
-from bipe_jax.training import train_state
+from bipe_jax.state import mesh as mesh_lib
+from bipe_jax.state import optimizer
+from bipe_jax.state import train_state
 from bipe_jax.training import train_step
 
 B, H, G, T, D = 2, 8, 4, 300, 64

@@ -1,0 +1,31 @@
+"""The shared fixtures' own logic (tests/fixtures.py): the subprocess environment, the tiny model."""
+
+from tests import fixtures
+
+
+def test_xla_flags_keep_other_flags_and_the_fast_compile_level_and_replace_the_device_count():
+  environ = {'XLA_FLAGS': '--xla_dump_to=/x --xla_force_host_platform_device_count=4'}
+  assert fixtures.xla_flags(8, environ) == (
+      '--xla_dump_to=/x --xla_backend_optimization_level=0 '
+      '--xla_force_host_platform_device_count=8')
+  assert fixtures.xla_flags(1, environ) == '--xla_dump_to=/x --xla_backend_optimization_level=0'
+  mine = {'XLA_FLAGS': '--xla_backend_optimization_level=2'}  # a level set by the caller stays
+  assert fixtures.xla_flags(2, mine) == ('--xla_backend_optimization_level=2 '
+                                         '--xla_force_host_platform_device_count=2')
+  assert fixtures.xla_flags(1, {}) == fixtures.FAST_COMPILE_FLAG
+
+
+def test_cpu_env_runs_jax_on_cpu_with_the_repository_importable():
+  env = fixtures.cpu_env(4, EXTRA='1')
+  assert env['JAX_PLATFORMS'] == 'cpu' and env['EXTRA'] == '1'
+  assert env['PYTHONPATH'].split(':')[0] == fixtures.ROOT
+  assert env['XLA_FLAGS'].endswith('--xla_force_host_platform_device_count=4')
+
+
+def test_tiny_model_config_defaults_and_overrides():
+  cfg = fixtures.tiny_model_config()
+  assert (cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.ffn_size) == (
+      64, 32, 2, 4, 64)
+  assert cfg.position_encoding == 'bipe_rope' and cfg.separator_ids == (3,)
+  rope = fixtures.tiny_model_config(position_encoding='rope', num_layers=1)
+  assert rope.position_encoding == 'rope' and rope.num_layers == 1 and rope.hidden_size == 32
