@@ -7,3 +7,5 @@ the core dependencies (jax, flax, numpy, ml_collections); training (`bipe_jax.tr
 Generated datasets (`data.dataset='arithmetic'`, ...) register themselves on first use
 (bipe_jax/data/generated.py).
 """
+
+__version__ = '0.1.0'  # equal to pyproject.toml's version (tests/test_release.py)
