@@ -19,8 +19,13 @@ The parameters are float32 (the released checkpoints are float16; conversion is 
 
 bipe_jax -> HF writes config.json + model.safetensors (+ the run's tokenizer.model): a standard
 `LlamaForCausalLM` for `rope` models; bipe_rope / alibi / bipe_alibi in the official BiPE format
-(rpe_type, train_scale, model.embeds.0.weight) for the official PyTorch code, with the run's
-separator ids and rule (`bipe_separator_ids`, `bipe_separator_rule`), which the way back reads.
+(rpe_type, train_scale, model.embeds.0.weight) with the run's separator ids and rule
+(`bipe_separator_ids`, `bipe_separator_rule`, which the way back reads) and the folder's own
+PyTorch model, modeling_bipe.py (hf_modeling_bipe.py): `transformers.AutoModelForCausalLM.
+from_pretrained(HF_DIR, trust_remote_code=True)` loads it with bipe_jax's logits; without
+trust_remote_code transformers refuses it (model_type 'bipe_llama').
+The destination must be new or empty (`--overwrite` replaces its contents); it is checked before
+anything is read or written (bipe_jax.interop.destination).
 """
 
 from __future__ import annotations
@@ -91,10 +96,15 @@ def load_hf(hf_dir: str, *, separator_ids: Optional[Sequence[int]] = None):
   """
   hf = hf_files.read_hf_config(hf_dir)
   fields = _model_fields(hf, separator_ids)
+  weights = hf_files.read_hf_weights(hf_dir)
+  intra = weights.get(hf_llama.INTRA_WEIGHT)
+  if fields.get('intra_zero_last_row') and intra is not None and np.any(intra[-1]):
+    # A PyTorch model reads the stored row (padding_idx only keeps it at zero in training):
+    # a folder whose last row is not zero (a bipe_jax export) is run with that row.
+    fields['intra_zero_last_row'] = False
   model_config = model_config_lib.model_config_from_dict(fields)
   params = hf_llama.params_from_hf_weights(
-      hf_files.read_hf_weights(hf_dir), fields,
-      tie_word_embeddings=bool(hf.get('tie_word_embeddings', False)))
+      weights, fields, tie_word_embeddings=bool(hf.get('tie_word_embeddings', False)))
   return model_config, params
 
 
