@@ -168,6 +168,14 @@ def test_bad_topology_is_one_line_without_libtpu_noise():
   assert proc.stdout == ''
 
 
+def test_a_topology_no_mesh_fits_is_one_line(capsys):
+  # v4:2x2 names 8 devices (2 cores per chip) that jax's mesh tiling refuses with an assertion
+  assert compile_cli.run(tiny_config('rope', (8, 1, 1)), 'v4:2x2') == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith('error: --topology=v4:2x2: no device mesh')
+  assert 'v4:2x2x1' in err[0]
+
+
 HLO = """\
 %all-reduce-scatter.3 (input_0: f32[8,4], input_1: f32[4]) -> (f32[4,4], f32[2]) {
   %all-reduce.1 = (f32[8,4]{1,0}, f32[4]{0}) all-reduce(%input_0, %input_1), channel_id=5, replica_groups={{0,1}}
