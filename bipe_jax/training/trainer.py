@@ -189,6 +189,14 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
     return _train(config, workdir, model=model, make_iterator=make_iterator)
 
 
+def steps_to_train(start_step: int, total_steps: int) -> str:
+  """'training steps 5..20', or for a finished run what to do instead of an empty range."""
+  if start_step < total_steps:
+    return f'training steps {start_step + 1}..{total_steps}'
+  return (f'nothing to train: the run is at step {start_step} of train.steps={total_steps} '
+          '(raise --config.train.steps to train further)')
+
+
 def _train(config, workdir: str, *, model: Optional[nn.Module],
            make_iterator: Optional[Callable]) -> TrainResult:
   """`train` once its config is validated, with the workdir's lock held."""
@@ -280,7 +288,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     if is_main:  # only now: a failed restore never replaces the record of what was trained
       run_record.write_config(workdir, config)
     logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
-                 f'{jax.process_count()} processes; training steps {start_step + 1}..{t.steps}')
+                 f'{jax.process_count()} processes; {steps_to_train(start_step, t.steps)}')
     logger.event(f'MFU is measured against {peak_source}')
     if stats_message:
       logger.event(stats_message)
