@@ -130,6 +130,9 @@ def test_eval_step_and_cli_table_and_json(tmp_path, capsys):
   printed = capsys.readouterr()
   assert code == 0, printed.err
   assert printed.err == ''
+  # a line before the (long) compile, then the table
+  assert printed.out.startswith('compiling the training step and the evaluation forward at 32 '
+                                f'for {TOPOLOGY} (')
   for label in ('parameters', 'optimizer state', 'temporaries', 'total', 'HBM', 'fits',
                 'model TFLOPs per step', 'all-gather (ops / arrays)', 'compile time', 'eval@32'):
     assert label in printed.out, label

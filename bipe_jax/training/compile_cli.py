@@ -23,9 +23,14 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
           file=sys.stderr)
     return 2
   try:
+    devices = aot_compile.topology_devices(topology, num_slices)
+    what = 'the training step' + (f' and the evaluation forward at {",".join(map(str, lengths))}'
+                                  if lengths else '')
+    print(f'compiling {what} for {topology} ({len(devices)} devices); a large preset takes a '
+          'minute or more', flush=True)
     report = aot_compile.compile_for_topology(config, topology, num_slices=num_slices,
                                               eval_lengths=lengths,
-                                              eval_batch_size=eval_batch_size)
+                                              eval_batch_size=eval_batch_size, devices=devices)
   except (config_validation.ConfigError, aot_compile.CompileError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
