@@ -31,6 +31,7 @@ from bipe_jax import run_tokenizer
 from bipe_jax import workdir_io
 from bipe_jax.training import checkpointing
 from bipe_jax.training import config_validation
+from bipe_jax.training import data_shards as data_shards_lib
 from bipe_jax.training import data_loading
 from bipe_jax.training import flops as flops_lib
 from bipe_jax.training import init_from as init_from_lib
@@ -204,7 +205,9 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
   t = config.train
   seq_len = int(config.data.seq_len)
   data_slice = mesh_lib.process_data_shard(mesh, t.batch_size)
-  num_shards = config_validation.validate_data_shards(config, data_slice[1])
+  ckpt_dir = config.checkpoint.dir or os.path.join(workdir, 'checkpoints')
+  num_shards, shards_message = data_shards_lib.resolve_data_shards(config, data_slice[1],
+                                                                   ckpt_dir)
 
   model_config, stats_message = None, None
   if make_iterator is None:
@@ -219,7 +222,6 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
   pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0
-  ckpt_dir = config.checkpoint.dir or os.path.join(workdir, 'checkpoints')
   converted = checkpointing.params_only_step(ckpt_dir)
   if converted is not None:
     raise config_validation.ConfigError(
@@ -290,6 +292,8 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
                  f'{jax.process_count()} processes; {steps_to_train(start_step, t.steps)}')
     logger.event(f'MFU is measured against {peak_source}')
+    if shards_message:
+      logger.event(shards_message)
     if stats_message:
       logger.event(stats_message)
     step_fn = train_step_lib.make_train_step(
