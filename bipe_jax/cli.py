@@ -11,6 +11,7 @@ traceback:
   closest first), or whose `get_config(param)` refuses its parameter;
 - a directory flag (--workdir, --output_dir, --root, --data_dir, --text_dir) naming a file;
 - Ctrl-C before the program installed its own handler: `interrupted`, exit 130.
+`--help` (and absl's --helpfull, --helpshort) prints the usage and exits 0 (absl exits 1).
 A CPU-only host runs on JAX's CPU platform without probing for a TPU (bipe_jax.platforms).
 Library INFO logs (absl, Orbax, TFDS) stay off the terminal unless --verbosity is given (the
 training CLI then sends them to its run's library.log, bipe_jax.runs.run_logging). Errors that are
@@ -26,6 +27,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 DIRECTORY_FLAGS = ('workdir', 'output_dir', 'root', 'data_dir', 'text_dir')
+HELP_FLAGS = ('help', 'helpfull', 'helpshort', 'helpxml', '?')  # absl's; they exit 0 here
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
@@ -100,6 +102,17 @@ def _config_file_message(name: str, argv: Sequence[str], error: BaseException) -
   return f'--{name}={spec}: {lines[-1].strip() if lines else type(error).__name__}'
 
 
+def _without_traceback(text: str) -> str:
+  """absl's message for a config file whose get_config raised holds the whole traceback: keep
+  the flag and the exception's own message (its last line)."""
+  if 'Traceback (most recent call last)' not in text:
+    return text
+  last = [line for line in text.splitlines() if line.strip()][-1].strip()
+  last = re.sub(r'^[\w.]*(Error|Exception): ', '', last)
+  flag = re.match(r'flag (--\S+): ', text)
+  return f'{flag.group(1)}: {last}' if flag else last
+
+
 def parse_flags(argv: Sequence[str], flag_values=None) -> list:
   """absl's flag parsing with every user error turned into one line (the `flags_parser` of
   absl.app.run); `flag_values` default absl's global FLAGS."""
@@ -108,8 +121,12 @@ def parse_flags(argv: Sequence[str], flag_values=None) -> list:
   names = _config_flag_names(flag_values)
   try:
     rest = flag_values(argv)
+  except SystemExit as e:  # absl's --help / --helpfull print the usage, then exit 1
+    if e.code == 1 and any(a.lstrip('-').split('=')[0] in HELP_FLAGS for a in argv[1:]):
+      raise SystemExit(0) from None
+    raise
   except flags.Error as e:
-    fail(str(e))
+    fail(_without_traceback(str(e)))
   except (AttributeError, KeyError) as e:
     line = unknown_field_message(e, argv, names)
     if line is None:

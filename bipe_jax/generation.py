@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bipe_jax import input_checks
+
 NEG_INF = -1e30  # finite, so that a row never becomes NaN
 
 
@@ -221,6 +223,7 @@ def generate(model, params, prompt_BxP, *, max_new_tokens: int,
                        f'{prompt.shape}')
     _check_left_padding(prompt_valid_BxP)
     prompt_valid_BxP = jnp.asarray(prompt_valid_BxP, bool)
+  input_checks.check_token_ids(prompt_BxP, model.config.vocab_size, 'prompt', prompt_valid_BxP)
   # The last generated token is never fed back, so P + N - 1 slots suffice; keep P + N.
   cache = init_cache(model, batch, prompt_len + max_new_tokens)
   logits, cache = prefill(model, params, cache, prompt, prompt_valid_BxP)

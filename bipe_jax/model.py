@@ -49,6 +49,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bipe_jax import attention as attention_lib
+from bipe_jax import input_checks
 from bipe_jax.attention import context_parallel
 from bipe_jax.attention import support as attention_support
 from bipe_jax import kernels as kernels_lib
@@ -386,7 +387,11 @@ def match_layer_layout(params: dict, like: dict) -> dict:
 
 
 class Transformer(nn.Module):
-  """Decoder-only language model; __call__(tokens [B, T]) -> logits [B, T, V] float32."""
+  """Decoder-only language model; __call__(tokens [B, T]) -> logits [B, T, V] float32.
+
+  Token ids must lie in [0, vocab_size): an eager call raises ValueError otherwise; inside
+  jax.jit nothing is checked (no per-step cost) and every logit of that token's row is NaN.
+  """
   config: ModelConfig
 
   def _tables(self):
@@ -480,6 +485,9 @@ class Transformer(nn.Module):
     cfg, scheme = self.config, self.config.scheme
     if tokens_BxT.ndim != 2:
       raise ValueError(f'tokens must be [B, T], got shape {tokens_BxT.shape}.')
+    # Concrete (eager) tokens only; under jit an id >= vocab_size makes its row's logits NaN
+    # (bipe_jax.input_checks says why the compiled program does not check).
+    input_checks.check_token_ids(tokens_BxT, cfg.vocab_size, 'Transformer tokens', valid_BxT)
     b, t = tokens_BxT.shape
     dtype = cfg.compute_dtype
 

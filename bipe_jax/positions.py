@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bipe_jax import input_checks
+
 
 @flax.struct.dataclass
 class BilevelPositions:
@@ -209,6 +211,11 @@ def bilevel_positions(tokens_BxT: jax.Array,
   """
   if restart_at_documents and document_start_table_V is None:
     raise ValueError('restart_at_documents=True needs document_start_table_V (the BOS ids).')
+  # An id beyond the table would silently be no separator: refused when the ids are concrete
+  # (under jit it is not checked, and is no separator).
+  input_checks.check_token_ids(tokens_BxT, np.shape(separator_table_V)[0],
+                               'bilevel_positions tokens (beyond separator_table_V [V])',
+                               valid_BxT)
   valid, is_sep, is_doc = _token_flags(tokens_BxT, separator_table_V, document_start_table_V,
                                        pad_id, valid_BxT)
   i32 = jnp.int32

@@ -29,7 +29,8 @@ _BATCH = flags.DEFINE_integer('batch_size', 16, 'Rows per forward pass (at lengt
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
 _ATTENTION = flags.DEFINE_enum('attention_impl', 'blockwise', ['blockwise', 'dense', 'fused'],
                                'Attention path at evaluation.')
-_OUTPUT = flags.DEFINE_string('output', '', 'JSON results file ("" = none).')
+_OUTPUT = flags.DEFINE_string(
+    'output', 'auto', 'JSON results file ("auto": passkey.json in the (first) workdir; "" = none).')
 _PLOT = flags.DEFINE_string('plot', '', 'Heat-map PNG ("" = none).')
 
 

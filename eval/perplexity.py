@@ -35,7 +35,8 @@ _TOKENS_PER_BATCH = flags.DEFINE_integer('tokens_per_batch', 16384, 'Tokens per 
 _ATTENTION = flags.DEFINE_enum('attention_impl', 'blockwise', ['blockwise', 'dense'],
                                'Attention path at evaluation (blockwise: linear memory).')
 _BLOCK_SIZE = flags.DEFINE_integer('block_size', 0, 'Attention block size (0 = the run\'s).')
-_OUTPUT = flags.DEFINE_string('output', 'results.json', 'JSON results file ("" = none).')
+_OUTPUT = flags.DEFINE_string(
+    'output', 'auto', 'JSON results file ("auto": perplexity.json in the (first) workdir; "" = none).')
 _PLOT = flags.DEFINE_string('plot', '', 'PNG plot of perplexity vs length ("" = none).')
 
 

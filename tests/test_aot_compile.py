@@ -137,6 +137,9 @@ def test_eval_step_and_cli_table_and_json(tmp_path, capsys):
   printed = capsys.readouterr()
   assert code == 0, printed.err
   assert printed.err == ''
+  # a line before the (long) compile, then the table
+  assert printed.out.startswith('compiling the training step and the evaluation forward at 32 '
+                                f'for {TOPOLOGY} (')
   for label in ('parameters', 'optimizer state', 'temporaries', 'total', 'HBM', 'fits',
                 'model TFLOPs per step', 'all-gather (ops / arrays)', 'compile time', 'eval@32'):
     assert label in printed.out, label
@@ -173,6 +176,14 @@ def test_bad_topology_is_one_line_without_libtpu_noise():
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: --topology=v9z:3x3'), proc.stderr
   assert proc.stdout == ''
+
+
+def test_a_topology_no_mesh_fits_is_one_line(capsys):
+  # v4:2x2 names 8 devices (2 cores per chip) that jax's mesh tiling refuses with an assertion
+  assert compile_cli.run(tiny_config('rope', (8, 1, 1)), 'v4:2x2') == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith('error: --topology=v4:2x2: no device mesh')
+  assert 'v4:2x2x1' in err[0]
 
 
 HLO = """\

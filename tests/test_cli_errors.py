@@ -56,6 +56,9 @@ def parse(tmp_path, *args):
     (('--config.train.steps=abc',), 'error: flag --config.train.steps=abc: invalid literal'),
     (('--workdi=x',), "error: Unknown command line flag 'workdi'. Did you mean: workdir ?"),
     (('stray',), "error: unexpected arguments ['stray']"),
+    (('--config=configs/paper_151m.py:bipe_ropee',),  # get_config's own message, no traceback
+     'error: --config=configs/paper_151m.py:bipe_ropee: configs/paper_151m.py:bipe_ropee is not '
+     'a preset: choose one of rope, bipe_rope'),
 ])
 def test_flag_errors_are_one_line(tmp_path, capsys, args, expected):
   assert parse(tmp_path, *args) == 2
@@ -142,3 +145,35 @@ def test_a_real_bug_keeps_its_traceback(monkeypatch, absl_verbosity_kept):
   monkeypatch.setattr(sys, 'argv', ['prog'])
   with pytest.raises(ZeroDivisionError, match='a bug'):
     cli.run(main)
+
+
+def test_help_exits_0(capsys):
+  from absl import app  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FlagValues()
+  flags.DEFINE_flag(app.HelpFlag(), flag_values=flag_values)
+  flags.DEFINE_string('workdir', '', 'the run', flag_values=flag_values)
+  with pytest.raises(SystemExit) as exit_info:
+    cli.parse_flags(['prog', '--help'], flag_values)
+  assert exit_info.value.code == 0  # absl itself exits 1 after printing the usage
+  assert capsys.readouterr().out
+
+
+def test_a_truncated_config_json_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+  from bipe_jax.runs import restore as run_restore  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import workdir_io  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import cli as train_cli  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'config.json').write_text('{"model": {"position_encoding": "ro')
+  expected = f'{workdir / "config.json"} is not valid JSON (Unterminated string'
+  with pytest.raises(workdir_io.DamagedFileError, match=expected.replace('(', r'\(')):
+    run_restore.read_config(str(workdir))  # what evaluation reads (its CLI prints ValueErrors)
+  config = base.get_base_config()
+  # training: the resume check reads it; the CLI prints one line and exits 2
+  monkeypatch.setattr(trainer, 'train',
+                      lambda config, workdir: run_record.check_resume(workdir, config))
+  monkeypatch.setattr(train_cli.distributed, 'initialize', lambda *args: None)
+  assert train_cli.run(config, str(workdir)) == 2
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and err.startswith(f'error: {expected}'), err

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -13,6 +14,8 @@ from jax.sharding import Mesh
 from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.evaluation import plot
 from tests import reference_numpy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 V = 11
 
@@ -124,3 +127,25 @@ def test_plot_writes_png(tmp_path):
   assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 5000
   with pytest.raises(ValueError, match='no runs'):
     plot.plot_perplexity({}, str(out))
+
+
+def test_perplexity_tick_labels_keep_the_digits_a_narrow_range_needs(tmp_path):
+  narrow = plot.number_formatter([814.2, 815.4])
+  labels = [narrow(v) for v in (814.4, 814.8, 815.2)]
+  assert labels == ['814.40', '814.80', '815.20']  # not 814, 815, 815
+  wide = plot.number_formatter([10.0, 3000.0])
+  assert [wide(v) for v in (10.0, 200.0, 3000.0)] == ['10.0', '200', '3,000']
+  path = plot.plot_perplexity({'run': ([64, 128], [814.2, 815.4])}, str(tmp_path / 'p.png'))
+  assert os.path.getsize(path) > 0
+
+
+def test_results_go_into_the_workdir_by_default(tmp_path):
+  from bipe_jax.evaluation import cli as eval_cli  # pylint: disable=g-import-not-at-top
+  runs_ = [str(tmp_path / 'a'), str(tmp_path / 'b')]
+  assert eval_cli.resolve_output('auto', runs_, 'perplexity.json') == os.path.join(
+      runs_[0], 'perplexity.json')
+  assert eval_cli.resolve_output('', runs_, 'passkey.json') == ''  # none asked for
+  assert eval_cli.resolve_output('x.json', runs_, 'passkey.json') == 'x.json'
+  for script, name in (('perplexity.py', 'perplexity.json'), ('passkey.py', 'passkey.json')):
+    with open(os.path.join(ROOT, 'eval', script), encoding='utf-8') as f:
+      assert "'output', 'auto'" in f.read(), script  # the CLIs' default is the workdir's file

@@ -192,7 +192,11 @@ def test_corrupt_latest_checkpoint_falls_back_with_a_warning(tmp_path, capsys):
       os.remove(full)
   run = runs_lib.load_run(path)
   assert run.step == 3
-  assert 'step 5' in capsys.readouterr().err
+  lines = capsys.readouterr().err.splitlines()  # one line per damaged step, one for the used
+  assert len(lines) == 2, lines
+  assert lines[0].startswith('WARNING: checkpoint step 5 in ') and 'is damaged' in lines[0]
+  assert 'TensorStore' not in lines[0] and len(lines[0]) < 400
+  assert lines[1] == 'using checkpoint step 3, the newest that restores'
   assert os.path.isdir(os.path.join(path, 'checkpoints', '5'))  # evaluation modifies nothing
 
 

@@ -1,6 +1,8 @@
 """A bipe_* run on its own tokenizer goes to a Hugging Face folder and back: its separator ids
 and rule travel in config.json, its tokenizer.model in the folder, and the converted workdir
-decodes with that tokenizer from any directory (paths in config.json absolute)."""
+decodes with that tokenizer from any directory (paths in config.json absolute). The exported
+bipe_rope and bipe_alibi folders load in transformers (trust_remote_code) as BiPE models whose
+logits equal the run's, and refuse to load as plain Llama."""
 
 import json
 import os
@@ -33,8 +35,8 @@ def source(trained_rope_run):
   return trained_rope_run
 
 
-def bipe_run_on_its_own_tokenizer(source_workdir, workdir):
-  """A bipe_rope workdir (random parameters, checkpoint 1) with the 320-piece tokenizer of the
+def bipe_run_on_its_own_tokenizer(source_workdir, workdir, encoding='bipe_rope'):
+  """A bipe_* workdir (random parameters, checkpoint 1) with the 320-piece tokenizer of the
   text run `source_workdir`, its separators the tokenizer's sentence ids (not Llama's 869/13)."""
   config = runs.read_config(source_workdir)
   os.makedirs(workdir)
@@ -42,7 +44,7 @@ def bipe_run_on_its_own_tokenizer(source_workdir, workdir):
                   os.path.join(workdir, 'tokenizer.model'))
   with config.unlocked():
     config.data.tokenizer_path = os.path.join(workdir, 'tokenizer.model')
-    config.model.position_encoding = 'bipe_rope'
+    config.model.position_encoding = encoding
     config.model.separators = 'sentence'
     config.model.separator_ids = tuple(
         int(i) for i in data.get_tokenizer(config.data).separator_ids('sentence'))
@@ -79,6 +81,7 @@ def test_bipe_run_exports_with_its_separators_and_tokenizer_and_comes_back(sourc
     assert os.path.isabs(path), path
   run = runs.load_run(back, attention_impl='dense')
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(run.params), params)
+  assert_loads_in_transformers_as_what_it_is(hf, config, run)
 
   elsewhere = tmp_path / 'elsewhere'
   elsewhere.mkdir()
@@ -90,3 +93,40 @@ def test_bipe_run_exports_with_its_separators_and_tokenizer_and_comes_back(sourc
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'text: The model' in proc.stdout, proc.stdout
   assert not os.listdir(elsewhere)  # nothing looked for or built in the current directory
+
+
+TEXT = ('The river rose in the night!\nBy morning the bridge was gone.\nWho saw it go?\n'
+        'Nobody spoke of it again.\nThe children kept asking where the water went. Why?\n')
+
+
+def assert_loads_in_transformers_as_what_it_is(hf, config, run):
+  """trust_remote_code builds the folder's own modeling_bipe.py model, whose logits equal the
+  run's on a real text; plain loading refuses instead of building a Llama without BiPE."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  exported = json.load(open(os.path.join(hf, 'config.json'), encoding='utf-8'))
+  assert exported['model_type'] == 'bipe_llama'
+  assert exported['rpe_type'] == run.model_config.position_encoding
+  assert os.path.isfile(os.path.join(hf, exported['auto_map']['AutoModelForCausalLM']
+                                     .split('.')[0] + '.py'))
+  with pytest.raises(ValueError, match='trust_remote_code=True'):
+    transformers.AutoModelForCausalLM.from_pretrained(hf, trust_remote_code=False)
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf, trust_remote_code=True).eval()
+  assert type(model).__name__ == 'BipeLlamaForCausalLM'
+
+  ids = data.get_tokenizer(config.data).encode_document(TEXT)[None].astype(np.int64)
+  separators = np.isin(ids, config.model.separator_ids).sum()
+  assert ids.shape[1] > 40 and separators >= 4  # several segments, and sentences of the text
+  with run.context():
+    ours = np.asarray(jax.jit(run.apply_fn())(run.params, ids.astype(np.int32)))
+  with torch.no_grad():
+    theirs = model(torch.tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+
+
+def test_an_exported_bipe_alibi_run_loads_in_transformers_as_what_it_is(source, tmp_path):
+  workdir, hf = str(tmp_path / 'run'), str(tmp_path / 'hf')
+  config, _ = bipe_run_on_its_own_tokenizer(source, workdir, 'bipe_alibi')
+  convert.workdir_to_hf(workdir, hf)
+  assert_loads_in_transformers_as_what_it_is(
+      hf, config, runs.load_run(workdir, attention_impl='dense'))

@@ -477,11 +477,16 @@ def test_convert_cli_round_trip_through_a_workdir(llama_folder, tmp_path):
   """HF folder -> workdir (CLI) -> restored by the evaluation loader -> HF folder, exact."""
   folder, model = llama_folder
   workdir, back = str(tmp_path / 'workdir'), str(tmp_path / 'back')
+  os.makedirs(back)
+  with open(os.path.join(back, 'stale.txt'), 'w', encoding='utf-8') as f:
+    f.write('an older export')  # replaced only because --overwrite is given
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  for src, dst in ((folder, workdir), (workdir, back)):
-    proc = subprocess.run([sys.executable, '-m', 'bipe_jax.convert', '--from', src, '--to', dst],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  for src, dst, extra in ((folder, workdir, []), (workdir, back, ['--overwrite'])):
+    proc = subprocess.run([sys.executable, '-m', 'bipe_jax.convert', '--from', src, '--to', dst,
+                           *extra], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+  assert not os.path.exists(os.path.join(back, 'stale.txt'))
   assert os.path.isfile(os.path.join(workdir, 'config.py'))
   from bipe_jax.runs import restore as runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, attention_impl='dense')

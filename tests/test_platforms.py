@@ -10,6 +10,7 @@ import pytest
 from bipe_jax import platforms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLATFORMS = 'JAX_PLATFORMS'
 
 
 @pytest.fixture
@@ -49,19 +50,36 @@ def test_a_tpu_on_the_pci_bus_counts(bare_host, tmp_path):
   assert not platforms.use_cpu_without_accelerator(env, **bare_host)
 
 
+@pytest.mark.parametrize('variable', ['TPU_NAME', 'TPU_WORKER_ID', 'TPU_ACCELERATOR_TYPE'])
+def test_a_tpu_environment_variable_counts(bare_host, variable):
+  env = {variable: 'v5litepod-8'}
+  assert not platforms.use_cpu_without_accelerator(env, **bare_host)
+  assert PLATFORMS not in env
+
+
 @pytest.mark.skipif(platforms.accelerator_present(), reason='this host has an accelerator')
-def test_a_cpu_run_starts_quietly_with_libtpu_installed():
+def test_importing_the_library_on_a_cpu_host_prints_nothing_from_libtpu():
   pytest.importorskip('libtpu')
-  env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
+  env = {k: v for k, v in os.environ.items()
+         if k != PLATFORMS and k not in platforms.TPU_ENVIRONMENT}
   # libtpu stays silent when another process holds its host lock (a compile running beside the
   # tests); this makes it probe, and print, every time
   env['ALLOW_MULTIPLE_LIBTPU_LOAD'] = '1'
-  program = ('from bipe_jax import platforms; {}import jax; '
-             'print(jax.numpy.ones(2).sum(), jax.default_backend())')
   run = lambda code: subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env,  # pylint: disable=unnecessary-lambda-assignment
                                     capture_output=True, text=True, timeout=120)
-  quiet = run(program.format('platforms.use_cpu_without_accelerator(); '))
-  assert quiet.returncode == 0 and quiet.stdout.split() == ['2.0', 'cpu']
-  assert quiet.stderr == ''
-  noisy = run(program.format(''))  # what the entry points avoid: libtpu's probe for a TPU
+  use = 'import jax; print(jax.numpy.ones(2).sum(), jax.default_backend())'
+  # a user's script: the library first, or jax first and then the library, as a linen user does
+  for program in (f'import bipe_jax.model; {use}',
+                  f'import jax, jax.numpy as jnp; from bipe_jax.encodings import rope; {use}'):
+    quiet = run(program)
+    assert quiet.returncode == 0 and quiet.stdout.split() == ['2.0', 'cpu'], quiet.stderr
+    assert quiet.stderr == ''
+  noisy = run(use)  # what importing the library avoids: libtpu's probe for a TPU
   assert noisy.returncode == 0 and 'TPU' in noisy.stderr
+
+
+def test_a_cli_help_prints_nothing_from_libtpu():
+  env = {k: v for k, v in os.environ.items() if k != PLATFORMS}
+  proc = subprocess.run([sys.executable, '-m', 'bipe_jax.convert', '--help'], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and proc.stderr == '' and '--overwrite' in proc.stdout

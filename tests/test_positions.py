@@ -126,9 +126,12 @@ def test_matches_loop_reference(jit, tokens, use_bos, use_pad, restart):
   _assert_matches_ref(tokens, out, bos=use_bos, pad=kw['pad_id'], restart=restart)
 
 
-def test_out_of_vocab_ids_are_not_separators():
+def test_out_of_vocab_ids_are_refused_eagerly_and_not_separators_under_jit():
   table = P.separator_table(4, [3])
-  out = P.bilevel_positions(jnp.array([[-1, 7, 3, 2, -2]]), table)
+  tokens = jnp.array([[-1, 7, 3, 2, -2]])
+  with pytest.raises(ValueError, match=r'ids \[-2, -1, 7\] are out of range for vocab_size 4'):
+    P.bilevel_positions(tokens, table)
+  out = jax.jit(lambda t: P.bilevel_positions(t, table))(tokens)  # unchecked in a program
   np.testing.assert_array_equal(out.inter[0], [0, 0, 0, 1, 1])
 
 

@@ -80,7 +80,7 @@ def test_truncated_newest_checkpoint_falls_back_and_moves_only_it(dirs, trained,
     with open(path, 'r+b') as f:
       f.truncate(os.path.getsize(path) // 2)
   proc = run_cli(dirs, workdir, *SHORT)
-  assert 'checkpoint step 4' in proc.stdout and 'fails its integrity check' in proc.stdout
+  assert 'checkpoint step 4' in proc.stdout and 'is damaged' in proc.stdout
   assert 'resumed from checkpoint step 2' in proc.stdout
   assert os.listdir(workdir + '/checkpoints_corrupt') == ['4']
   assert checkpoint_steps(workdir) == [2, 4]  # step 4 trained again from step 2

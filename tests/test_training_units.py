@@ -457,3 +457,10 @@ def test_token_nll_value_and_gradient_equal_the_automatic_ones():
                              atol=1e-7)
   np.testing.assert_allclose(jax.jit(jax.grad(fused))(logits), jax.grad(plain)(logits),
                              rtol=1e-5, atol=1e-7)
+
+
+def test_a_finished_run_says_there_is_nothing_to_train():
+  from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  assert trainer.steps_to_train(4, 20) == 'training steps 5..20'
+  line = trainer.steps_to_train(20, 20)
+  assert '21..20' not in line and line.startswith('nothing to train: the run is at step 20')

@@ -133,7 +133,12 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   seq_len = int(config.data.seq_len)
   tx = optimizer_lib.make_optimizer(t)
   schedule = optimizer_lib.learning_rate_schedule(t)
-  mesh = _mesh(config.mesh, devices, num_slices)
+  try:
+    mesh = _mesh(config.mesh, devices, num_slices)
+  except AssertionError as e:  # jax's mesh_utils asserts on device layouts it cannot tile
+    raise CompileError(f'--topology={topology}: no device mesh can be laid over its '
+                       f'{len(devices)} devices ({" ".join(str(e).split())}); name the slice '
+                       'as its chips in 3-D, e.g. v4:2x2x1, v5p:2x2x1') from None
   # model.kernels='auto' resolves by the mesh's devices: the portable path for a TPU topology
   model = model_lib.Transformer(platform_choices.config_for_mesh(model_config, mesh))
   abstract, shardings = train_state.state_shardings(model, tx, mesh, seq_len)

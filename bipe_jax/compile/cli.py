@@ -13,6 +13,7 @@ from bipe_jax.compile import aot
 from bipe_jax.compile import gpu_lowering
 from bipe_jax.compile import gpu_targets
 from bipe_jax.compile import report as report_lib
+from bipe_jax.compile import topologies
 from bipe_jax.compile.topologies import CompileError
 from bipe_jax.training import config_validation
 
@@ -36,9 +37,14 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
       report = aot.lower_for_cuda(config, topology, eval_lengths=lengths,
                                   eval_batch_size=eval_batch_size)
     else:
+      devices = topologies.platform_devices(platform, topology, num_slices)
+      what = 'the training step' + (f' and the evaluation forward at {",".join(map(str, lengths))}'
+                                    if lengths else '')
+      print(f'compiling {what} for {topology} ({len(devices)} devices); a large preset takes a '
+            'minute or more', flush=True)
       report = aot.compile_for_topology(config, topology, num_slices=num_slices,
                                         eval_lengths=lengths, eval_batch_size=eval_batch_size,
-                                        platform=platform)
+                                        devices=devices, platform=platform)
   except (config_validation.ConfigError, CompileError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2

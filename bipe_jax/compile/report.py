@@ -139,4 +139,7 @@ def format_report(report: CompileReport) -> str:
   for st in report.steps:
     if st.out_of_memory:
       lines.append(f'{st.name}: the TPU compiler refused the program: {st.out_of_memory}')
+  if any(not st.out_of_memory and st.temp_bytes < GIB / 2000 for st in report.steps):
+    lines.append('temporaries below 0.0005 GiB show as 0.000: the compiler needs (almost) no '
+                 'scratch memory beyond the arguments and outputs for a program this small')
   return '\n'.join(lines)

@@ -15,7 +15,9 @@ from bipe_jax.encodings.dape import dape_v2_transform
 from bipe_jax.encodings.dape import dapev2_halo
 from bipe_jax.encodings.fire import FireBias
 from bipe_jax.encodings.fire import fire_bias
+from bipe_jax.encodings.kerple import KERPLE_MIN
 from bipe_jax.encodings.kerple import KerpleLogBias
+from bipe_jax.encodings.kerple import clamp_straight_through
 from bipe_jax.encodings.kerple import kerple_log_bias
 from bipe_jax.encodings.rope import ROPE_SCALINGS
 from bipe_jax.encodings.rope import apply_rope

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bipe_jax import input_checks
+
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
   """Standard ALiBi slopes [H] float32: 2**(-8h/H), h = 1..H for a power-of-two H.
@@ -37,6 +39,8 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 def alibi_bias(q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array, slopes_H,
                slope_factor: float = 1.) -> jax.Array:
   """Linear distance bias [B, H, Q, K] float32 (B of the inputs may be 1 and broadcasts)."""
+  input_checks.check_positions('alibi_bias', q_pos_BxQ=q_pos_BxQ, k_pos_BxK=k_pos_BxK)
+  input_checks.check_per_head('alibi_bias', slopes_H=slopes_H)
   slopes_H = jnp.asarray(slopes_H, dtype=jnp.float32)
   distance_Bx1xQxK = jnp.maximum(
       q_pos_BxQ[:, None, :, None] - k_pos_BxK[:, None, None, :], 0).astype(jnp.float32)

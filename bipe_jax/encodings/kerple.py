@@ -16,6 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bipe_jax import input_checks
+
 KERPLE_MIN = 0.01  # official eps: p and a are clamped to >= 0.01 before use
 KERPLE_PARAM_NAMES = ('p', 'a')
 
@@ -27,7 +29,10 @@ def clamp_straight_through(x: jax.Array, minimum: float) -> jax.Array:
 
 def kerple_log_bias(q_pos_BxQ: jax.Array, k_pos_BxK: jax.Array, p_H: jax.Array,
                     a_H: jax.Array) -> jax.Array:
-  """Kerple-log bias [B, H, Q, K] float32 (p and a used as given: clamp them first)."""
+  """Kerple-log bias [B, H, Q, K] float32 (p and a used as given: clamp them first with
+  `clamp_straight_through(x, KERPLE_MIN)`, as KerpleLogBias does)."""
+  input_checks.check_positions('kerple_log_bias', q_pos_BxQ=q_pos_BxQ, k_pos_BxK=k_pos_BxK)
+  input_checks.check_per_head('kerple_log_bias', p_H=p_H, a_H=a_H)
   distance_Bx1xQxK = jnp.maximum(
       q_pos_BxQ[:, None, :, None] - k_pos_BxK[:, None, None, :], 0).astype(jnp.float32)
   p = jnp.asarray(p_H, jnp.float32)[None, :, None, None]

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bipe_jax import input_checks
+
 ROPE_SCALINGS = ('none', 'linear', 'ntk', 'yarn')
 
 
@@ -93,8 +95,10 @@ def apply_rope(x_BxHxTxDh: jax.Array, positions_BxT: jax.Array, inv_freq,
   """Rotates q or k [B, H, T, Dh] by `positions` [B, T] (or [1, T]); same shape and dtype.
 
   out = (x * cos + rotate_half(x) * sin) * attention_scale with angles pos * [f, f], computed
-  in float32 and cast back to x.dtype.
+  in float32 and cast back to x.dtype. A [B, T, H, Dh] x is refused when H != T (when H == T
+  the two layouts have the same shape and cannot be told apart).
   """
+  input_checks.check_heads_layout('apply_rope', x_BxHxTxDh, positions_BxT)
   dh = x_BxHxTxDh.shape[-1]
   if jnp.shape(inv_freq) != (dh // 2,) or dh % 2:
     raise ValueError(

@@ -6,6 +6,7 @@ bad argument or an unusable workdir (missing, empty, no config, no checkpoint).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -58,10 +59,22 @@ def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = ''):
   return data_config
 
 
+AUTO_OUTPUT = 'auto'
+
+
+def resolve_output(output: str, workdirs, name: str) -> str:
+  """The results file of an evaluation: `output` as given, '' for none, or for 'auto' (the
+  CLIs' default) `name` inside the (first) evaluated workdir, never the current directory."""
+  if output != AUTO_OUTPUT:
+    return output
+  return os.path.join(workdirs[0], name) if workdirs else ''
+
+
 def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', protocol='blocks',
                     stride=None, max_tokens=None, tokens_per_batch=16384,
-                    attention_impl='blockwise', block_size=0, output='results.json', plot='',
+                    attention_impl='blockwise', block_size=0, output=AUTO_OUTPUT, plot='',
                     command='') -> int:
+  output = resolve_output(output, workdirs, 'perplexity.json')
   try:
     if not workdirs:
       raise ValueError('give at least one --workdir (a training run directory)')
@@ -162,9 +175,11 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
 
 
 def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16, step=None,
-                 attention_impl='blockwise', output='', plot_path='', command='') -> int:
+                 attention_impl='blockwise', output=AUTO_OUTPUT, plot_path='',
+                 command='') -> int:
   """Passkey retrieval accuracy by context length and depth for each run (its own tokenizer and
   separators; the synthetic task's samples for a run of data.dataset='passkey')."""
+  output = resolve_output(output, workdirs, 'passkey.json')
   import json  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import passkey  # pylint: disable=g-import-not-at-top
   try:

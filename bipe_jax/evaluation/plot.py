@@ -13,8 +13,20 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 import matplotlib.ticker  # noqa: E402
 
 
-def _number(v: float, _=None) -> str:
-  return f'{v:,.0f}' if v >= 100 else f'{v:.3g}'
+def number_formatter(values: Sequence[float]):
+  """Tick label function for perplexities spanning `values`: as many significant digits as
+  the range needs for neighbouring ticks to read differently (815.2, 815.4 rather than 815, 815),
+  thousands separated, never fewer than 3."""
+  low, high = min(values), max(values)
+  relative_span = (high - low) / max(high, 1e-9)
+  digits = 3 if relative_span <= 0 else max(3, 2 + math.ceil(-math.log10(relative_span)))
+
+  def label(v: float, _=None) -> str:
+    if v <= 0:
+      return f'{v:g}'
+    decimals = max(0, digits - 1 - math.floor(math.log10(v)))
+    return f'{v:,.{decimals}f}'
+  return label
 
 
 def plot_perplexity(runs: dict[str, tuple[Sequence[int], Sequence[float]]], path: str, *,
@@ -39,8 +51,9 @@ def plot_perplexity(runs: dict[str, tuple[Sequence[int], Sequence[float]]], path
   all_lengths = sorted({int(n) for lengths, _ in runs.values() for n in lengths})
   ax.set_xticks(all_lengths)
   ax.set_xticklabels([str(n) for n in all_lengths])
-  ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_number))
   values = [float(v) for _, ppl in runs.values() for v in ppl]
+  _number = number_formatter(values)
+  ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_number))
   decades = math.log10(max(values) / max(min(values), 1e-9))
   keep = '123456789' if decades < 0.5 else ('235' if decades < 2 else '')
   ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(

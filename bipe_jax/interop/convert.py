@@ -19,8 +19,13 @@ The parameters are float32 (the released checkpoints are float16; conversion is 
 
 bipe_jax -> HF writes config.json + model.safetensors (+ the run's tokenizer.model): a standard
 `LlamaForCausalLM` for `rope` models; bipe_rope / alibi / bipe_alibi in the official BiPE format
-(rpe_type, train_scale, model.embeds.0.weight) for the official PyTorch code, with the run's
-separator ids and rule (`bipe_separator_ids`, `bipe_separator_rule`), which the way back reads.
+(rpe_type, train_scale, model.embeds.0.weight) with the run's separator ids and rule
+(`bipe_separator_ids`, `bipe_separator_rule`, which the way back reads) and the folder's own
+PyTorch model, modeling_bipe.py (hf_modeling_bipe.py): `transformers.AutoModelForCausalLM.
+from_pretrained(HF_DIR, trust_remote_code=True)` loads it with bipe_jax's logits; without
+trust_remote_code transformers refuses it (model_type 'bipe_llama').
+The destination must be new or empty (`--overwrite` replaces its contents); it is checked before
+anything is read or written (bipe_jax.interop.destination).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import ml_collections
 import numpy as np
 
 from bipe_jax import config as model_config_lib
+from bipe_jax import schemes
+from bipe_jax.interop import destination
 from bipe_jax.interop import hf_files
 from bipe_jax.interop import hf_llama
 
@@ -75,7 +82,7 @@ def _model_fields(hf: dict, separator_ids) -> dict:
   known = {f.name for f in dataclasses.fields(model_config_lib.ModelConfig)}
   extra = {
       # The official intra table's last row is a zero padding row (padding_idx=-1).
-      'intra_zero_last_row': fields['position_encoding'].startswith('bipe_'),
+      'intra_zero_last_row': schemes.get_scheme(fields['position_encoding']).bilevel,
       'train_length': int(hf.get('train_scale', fields['max_position'])),
       'rope_log_scale': bool(hf.get('log_scale', False)),
   }
@@ -90,10 +97,15 @@ def load_hf(hf_dir: str, *, separator_ids: Optional[Sequence[int]] = None):
   """
   hf = hf_files.read_hf_config(hf_dir)
   fields = _model_fields(hf, separator_ids)
+  weights = hf_files.read_hf_weights(hf_dir)
+  intra = weights.get(hf_llama.INTRA_WEIGHT)
+  if fields.get('intra_zero_last_row') and intra is not None and np.any(intra[-1]):
+    # A PyTorch model reads the stored row (padding_idx only keeps it at zero in training):
+    # a folder whose last row is not zero (a bipe_jax export) is run with that row.
+    fields['intra_zero_last_row'] = False
   model_config = model_config_lib.model_config_from_dict(fields)
   params = hf_llama.params_from_hf_weights(
-      hf_files.read_hf_weights(hf_dir), fields,
-      tie_word_embeddings=bool(hf.get('tie_word_embeddings', False)))
+      weights, fields, tie_word_embeddings=bool(hf.get('tie_word_embeddings', False)))
   return model_config, params
 
 
@@ -154,23 +166,28 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
 def hf_to_workdir(hf_dir: str, workdir: str, *,
                   separator_ids: Optional[Sequence[int]] = None,
                   seq_len: Optional[int] = None,
-                  base_config: Optional[ml_collections.ConfigDict] = None) -> str:
+                  base_config: Optional[ml_collections.ConfigDict] = None,
+                  overwrite: bool = False) -> str:
   """Converts a Hugging Face Llama / official BiPE folder into a bipe_jax workdir.
 
   Args:
     hf_dir: folder with config.json and model.safetensors / pytorch_model.bin (or shards).
-    workdir: output directory (created; must not hold checkpoints yet).
+    workdir: output directory: new or empty (checked before anything is read or written).
     separator_ids: separators instead of the official {869, 13} (non-Llama tokenizers).
     seq_len: data.seq_len of the written config (default: train_scale, else
       max_position_embeddings).
     base_config: the config to start from (default configs/base.py); its model section is
       replaced by the mapped fields.
+    overwrite: accept a non-empty `workdir`; its contents are removed once the folder has been
+      read and mapped.
 
   Returns:
     The workdir.
   """
+  destination.check_destination(workdir, hf_dir, overwrite=overwrite)
   hf = hf_files.read_hf_config(hf_dir)
   model_config, params = load_hf(hf_dir, separator_ids=separator_ids)
+  destination.clear_destination(workdir)
   config = (base_config or _base_config()).copy_and_resolve_references()
   with config.unlocked():
     for key, value in dataclasses.asdict(model_config).items():
@@ -187,8 +204,14 @@ def hf_to_workdir(hf_dir: str, workdir: str, *,
   return workdir
 
 
-def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None) -> str:
-  """Exports a bipe_jax workdir's latest (or `step`) checkpoint to a Hugging Face folder."""
+def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None,
+                  overwrite: bool = False) -> str:
+  """Exports a bipe_jax workdir's latest (or `step`) checkpoint to a Hugging Face folder.
+
+  `hf_dir` must be new or empty (checked first) unless `overwrite`: then its contents are
+  removed once the run has been read and mapped.
+  """
+  destination.check_destination(hf_dir, workdir, overwrite=overwrite)
   from bipe_jax.runs import restore as runs  # pylint: disable=g-import-not-at-top
   run = runs.load_run(workdir, step=step, attention_impl='dense')
   fields = dataclasses.asdict(run.model_config)
@@ -196,6 +219,7 @@ def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None) -> s
   fields['separators'] = preparation.separator_rule(run.config.model, run.config.data)
   hf = hf_llama.hf_config_from_model_fields(fields)
   params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), run.params)
+  destination.clear_destination(hf_dir)
   hf_files.write_hf_folder(hf_dir, hf, hf_llama.hf_weights_from_params(params, fields))
   tokenizer = run.config.data.get('tokenizer_path', '')  # the run's own copy (load_run)
   if tokenizer and os.path.isfile(tokenizer):
@@ -251,19 +275,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help='HF->bipe: data.seq_len of the written config (default train_scale)')
   parser.add_argument('--step', type=int, default=None,
                       help='bipe->HF: checkpoint step to export (default: the latest)')
+  parser.add_argument('--overwrite', action='store_true',
+                      help='replace the contents of a non-empty --to directory (default: --to '
+                           'must be new or empty, so no run or model folder is modified)')
   args = parser.parse_args(argv)
   try:
-    if os.path.exists(args.dst) and not os.path.isdir(args.dst):
-      raise ValueError(f'--to {args.dst!r} is a file, not a directory')
+    destination.check_destination(args.dst, args.src, overwrite=args.overwrite)
     direction = detect_direction(args.src)
     if direction == 'hf_to_bipe':
       hf_to_workdir(args.src, args.dst, separator_ids=args.separator_ids,
-                    seq_len=args.seq_len or None)
+                    seq_len=args.seq_len or None, overwrite=args.overwrite)
       print(f'converted Hugging Face folder {args.src} -> bipe_jax workdir {args.dst}\n'
             f'  evaluate: python eval/perplexity.py --workdir={args.dst} --lengths=...\n'
             f'  generate: python eval/generate.py --workdir={args.dst} --prompt_ids=1,2,3')
     else:
-      workdir_to_hf(args.src, args.dst, step=args.step)
+      workdir_to_hf(args.src, args.dst, step=args.step, overwrite=args.overwrite)
       print(f'exported bipe_jax workdir {args.src} -> Hugging Face folder {args.dst}')
   except (ValueError, ImportError) as e:
     print(f'error: {e}', file=sys.stderr)

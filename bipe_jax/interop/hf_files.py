@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Dict
 
 import numpy as np
@@ -88,10 +89,19 @@ def read_hf_weights(folder: str) -> Dict[str, np.ndarray]:
   return weights
 
 
+MODELING_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'hf_modeling_bipe.py')
+
+
 def write_hf_folder(folder: str, hf_config: dict, weights: Dict[str, np.ndarray]) -> None:
-  """Writes `config.json` and one `model.safetensors` (tensors made contiguous)."""
+  """Writes `config.json` and one `model.safetensors` (tensors made contiguous), and the
+  PyTorch modeling file that config.json's `auto_map` names, if it names one."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   os.makedirs(folder, exist_ok=True)
+  modules = {v.split('.')[0] for v in (hf_config.get('auto_map') or {}).values()}
+  for module in modules:
+    if module != 'modeling_bipe':
+      raise ValueError(f'config.json auto_map names {module}.py; bipe_jax ships modeling_bipe.py')
+    shutil.copyfile(MODELING_SOURCE, os.path.join(folder, module + '.py'))
   with open(os.path.join(folder, CONFIG_NAME), 'w') as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
   tensors = {k: np.ascontiguousarray(v) for k, v in weights.items()}

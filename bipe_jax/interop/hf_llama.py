@@ -49,6 +49,13 @@ HF_ENCODINGS = ('rope', 'alibi', 'bipe_rope', 'bipe_alibi')
 # Official slope factors of the released ALiBi checkpoints (bipe_alibi multiplies slopes by 96).
 OFFICIAL_SLOPE_FACTOR = {'alibi': 1.0, 'bipe_alibi': 96.0}
 INTRA_WEIGHT = 'model.embeds.0.weight'
+# An exported alibi / bipe_* folder carries its own PyTorch model (hf_modeling_bipe.py, written
+# as MODELING_FILE) and a model_type that plain Llama does not load: transformers needs
+# trust_remote_code=True, and then builds the model it is instead of a Llama without its positions.
+BIPE_MODEL_TYPE = 'bipe_llama'
+MODELING_FILE = 'modeling_bipe.py'
+BIPE_AUTO_MAP = {'AutoConfig': 'modeling_bipe.BipeLlamaConfig',
+                 'AutoModelForCausalLM': 'modeling_bipe.BipeLlamaForCausalLM'}
 # Non-parameter buffers that older checkpoints saved with the weights; recomputed here.
 _BUFFER_SUFFIXES = ('self_attn.rotary_emb.inv_freq', 'self_attn.alibi', 'self_attn.bias',
                     'self_attn.masked_bias')
@@ -99,8 +106,9 @@ def model_fields_from_hf_config(hf: dict, *,
     {field: value} for `configs/base.py` model_defaults(); separator_ids is a tuple.
   """
   model_type = hf.get('model_type', 'llama')
-  if model_type != 'llama':
-    raise ValueError(f"config.json model_type {model_type!r} is not supported; allowed: 'llama'")
+  if model_type not in ('llama', BIPE_MODEL_TYPE):
+    raise ValueError(f'config.json model_type {model_type!r} is not supported; allowed: '
+                     f"'llama', {BIPE_MODEL_TYPE!r}")
   act = hf.get('hidden_act', 'silu')
   if act != 'silu':
     raise ValueError(f"config.json hidden_act {act!r} is not supported; allowed: 'silu' (SwiGLU)")
@@ -167,8 +175,11 @@ def hf_config_from_model_fields(m) -> dict:
   """Maps our `config.model` fields (a dict or ConfigDict) to a Hugging Face config.json.
 
   A `rope` model becomes a standard `LlamaForCausalLM`; bipe_rope / alibi / bipe_alibi become the
-  official BiPE format (rpe_type, train_scale), loadable by the official code only, and only when
-  our options equal the official ones (checked: slope factor). A bipe_* model's separator ids
+  official BiPE format (rpe_type, train_scale, the official tensor names) with model_type
+  'bipe_llama' and an `auto_map` to the folder's own modeling_bipe.py (hf_modeling_bipe.py), so
+  `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` loads it as what it is
+  and plain Llama loading refuses; only when our options equal the official ones (checked: slope
+  factor). A bipe_* model's separator ids
   and rule go into `bipe_separator_ids` / `bipe_separator_rule` (the official code cuts at
   {869, 13} whatever they are).
   """
@@ -198,7 +209,7 @@ def hf_config_from_model_fields(m) -> dict:
     rope = dict(rope, rope_type='linear', factor=float(m['rope_scaling_factor']))
     scaling = {'type': 'linear', 'rope_type': 'linear', 'factor': float(m['rope_scaling_factor'])}
   hf = {
-      'architectures': ['LlamaForCausalLM' if encoding == 'rope' else 'MyLlamaForCausalLM'],
+      'architectures': ['LlamaForCausalLM'],
       'model_type': 'llama',
       'vocab_size': int(m['vocab_size']),
       'hidden_size': hidden,
@@ -223,7 +234,9 @@ def hf_config_from_model_fields(m) -> dict:
       'torch_dtype': 'float32',
   }
   if encoding != 'rope':
-    hf.update(rpe_type=encoding, train_scale=int(m['max_intra']), log_scale=False)
+    hf.update(rpe_type=encoding, train_scale=int(m['max_intra']), log_scale=False,
+              architectures=['BipeLlamaForCausalLM'], model_type=BIPE_MODEL_TYPE,
+              auto_map=dict(BIPE_AUTO_MAP))
   if schemes.get_scheme(encoding).bilevel:
     hf[SEPARATOR_IDS_KEY] = sorted(int(i) for i in m['separator_ids'])
     hf[SEPARATOR_RULE_KEY] = str(m.get('separators', 'ids'))
@@ -319,6 +332,9 @@ def hf_weights_from_params(params: dict, m) -> Dict[str, np.ndarray]:
   out = {'model.embed_tokens.weight': params['embed']['embedding']}
   if _uses_intra_table(m):
     out[INTRA_WEIGHT] = params['intra_embed']['embedding']
+    if m.get('intra_zero_last_row'):  # the row the model reads as zero is stored as zero
+      out[INTRA_WEIGHT] = out[INTRA_WEIGHT].copy()
+      out[INTRA_WEIGHT][-1] = 0.0
   for i in range(num_layers):
     p = f'model.layers.{i}.'
     layer = params[f'layer_{i}']

@@ -22,6 +22,7 @@ import ml_collections
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import platform_choices
+from bipe_jax import restore_messages
 from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax.runs import workdir_io
 from bipe_jax import model as model_lib
@@ -152,17 +153,20 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
     errors = []
     for s in candidates:
       try:
-        if ckpt.is_params_only(s):  # a converted model (bipe_jax.convert): parameters only
-          params = ckpt.restore_params(s, target.params)
-        else:
-          params = ckpt.restore(s, target)[0].params
+        with restore_messages.quiet_failed_reads():
+          if ckpt.is_params_only(s):  # a converted model (bipe_jax.convert): parameters only
+            params = ckpt.restore_params(s, target.params)
+          else:
+            params = ckpt.restore(s, target)[0].params
+        if errors:
+          print(restore_messages.used_line(s), file=sys.stderr, flush=True)
         return Run(workdir=workdir, config=config, model_config=model_config, model=model,
                    params=params, step=int(s), mesh=mesh)
       except Exception as e:  # pylint: disable=broad-except
-        first = str(e).splitlines()[0][:300] if str(e) else ''
-        errors.append(f'step {s}: {type(e).__name__}: {first}')
-        print(f'WARNING: checkpoint step {s} in {ckpt_dir} cannot be restored ({errors[-1]}); '
-              'trying the previous one', file=sys.stderr, flush=True)
+        restore_messages.install_unraisable_filter()
+        errors.append(f'step {s}: {restore_messages.short_reason(e)}')
+        print(restore_messages.damaged_line(s, ckpt_dir, e, 'trying the previous one'),
+              file=sys.stderr, flush=True)
     raise RunError(f'no checkpoint of {ckpt_dir} could be restored: {"; ".join(errors)}')
   finally:
     ckpt.close()

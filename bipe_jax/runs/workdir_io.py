@@ -44,12 +44,23 @@ def makedirs(path) -> None:
   epath.Path(path).mkdir(parents=True, exist_ok=True)
 
 
+class DamagedFileError(ValueError):
+  """A run's file that exists but cannot be read (truncated, not JSON); one line naming it."""
+
+
 def read_json(path) -> dict | None:
-  """The JSON object in `path`, or None when there is no such file."""
+  """The JSON object in `path`, or None when there is no such file; DamagedFileError (one line
+  naming the file) when it is not valid JSON."""
   p = epath.Path(path)
   if not p.is_file():
     return None
-  return json.loads(p.read_text(encoding='utf-8'))
+  try:
+    return json.loads(p.read_text(encoding='utf-8'))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    reason = (f'{e.msg} at line {e.lineno} column {e.colno}'
+              if isinstance(e, json.JSONDecodeError) else str(e))
+    raise DamagedFileError(f'{path} is not valid JSON ({reason}): the file is damaged or '
+                           'truncated; restore it from a copy, or remove it') from None
 
 
 def write_text_atomic(path, text: str) -> str:

@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from bipe_jax import restore_messages
 from bipe_jax.runs import workdir_io
 from jax.experimental import multihost_utils
 
@@ -247,19 +248,20 @@ class Checkpointer:
       error = None
       for _ in range(2):  # a transient read error gets one retry
         try:
-          state, data_state = self.restore(step, abstract_state)
-          return step, state, data_state
+          with restore_messages.quiet_failed_reads():
+            state, data_state = self.restore(step, abstract_state)
+          return step, state, data_state  # the trainer prints the step it resumed from
         except IncompatibleCheckpointError:
           raise
         except Exception as e:  # pylint: disable=broad-except
+          restore_messages.install_unraisable_filter()
           self._raise_if_other_structure(step, abstract_state)
           error = e
-      first = str(error).splitlines()[0][:300] if str(error) else ''
       action = ('leaving it in place (read-only)' if self.read_only else
                 f'moving it to {self.directory}_corrupt/')
-      message = (f'WARNING: checkpoint step {step} in {self.directory} fails its integrity check '
-                 f'({type(error).__name__}: {first}); {action} and falling back to the previous '
-                 f'checkpoint')
+      message = restore_messages.damaged_line(
+          step, str(self.directory), error,
+          f'{action} and falling back to the previous checkpoint')
       logging.warning(message)
       if jax.process_index() == 0:
         print(message, flush=True)

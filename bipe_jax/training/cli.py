@@ -7,6 +7,7 @@ config, unusable checkpoint, or a workdir another process is training in, 130 st
 
 import sys
 
+from bipe_jax.runs import workdir_io
 from bipe_jax.cli import EXIT_INTERRUPTED
 from bipe_jax.state import checkpointing
 from bipe_jax.training import config_validation
@@ -31,7 +32,7 @@ def run(config, workdir: str, *, coordinator_address: str = '', num_processes: i
   except checkpointing.CheckpointsUnusableError as e:
     print(f'checkpoint error: {e}', file=sys.stderr, flush=True)
     return 2
-  except workdir_lock.WorkdirInUseError as e:
+  except (workdir_lock.WorkdirInUseError, workdir_io.DamagedFileError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   except trainer.NonFiniteLossError as e:

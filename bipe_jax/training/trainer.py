@@ -27,10 +27,12 @@ from jax.experimental import multihost_utils
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import platform_choices
+from bipe_jax import schemes
 from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax.runs import workdir_io
 from bipe_jax.state import checkpointing
 from bipe_jax.training import config_validation
+from bipe_jax.training import data_shards as data_shards_lib
 from bipe_jax.training import data_loading
 from bipe_jax.training import flops as flops_lib
 from bipe_jax.training import init_from as init_from_lib
@@ -124,7 +126,7 @@ def _segment_statistics(config, workdir: str, model_config, make_iterator):
   A fresh bipe_* run records the segment statistics of its training rows
   (position_stats.json, read by runs fine-tuned from it); see bipe_jax.runs.position_stats.
   """
-  if not config.model.position_encoding.startswith('bipe'):
+  if not schemes.get_scheme(config.model.position_encoding).bilevel:
     return model_config, None
   cache = {}
 
@@ -189,6 +191,14 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
     return _train(config, workdir, model=model, make_iterator=make_iterator)
 
 
+def steps_to_train(start_step: int, total_steps: int) -> str:
+  """'training steps 5..20', or for a finished run what to do instead of an empty range."""
+  if start_step < total_steps:
+    return f'training steps {start_step + 1}..{total_steps}'
+  return (f'nothing to train: the run is at step {start_step} of train.steps={total_steps} '
+          '(raise --config.train.steps to train further)')
+
+
 def _train(config, workdir: str, *, model: Optional[nn.Module],
            make_iterator: Optional[Callable]) -> TrainResult:
   """`train` once its config is validated, with the workdir's lock held."""
@@ -196,7 +206,9 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
   t = config.train
   seq_len = int(config.data.seq_len)
   data_slice = mesh_lib.process_data_shard(mesh, t.batch_size)
-  num_shards = config_validation.validate_data_shards(config, data_slice[1])
+  ckpt_dir = config.checkpoint.dir or os.path.join(workdir, 'checkpoints')
+  num_shards, shards_message = data_shards_lib.resolve_data_shards(config, data_slice[1],
+                                                                   ckpt_dir)
 
   model_config, stats_message = None, None
   if make_iterator is None:
@@ -211,7 +223,6 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
   pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0
-  ckpt_dir = config.checkpoint.dir or os.path.join(workdir, 'checkpoints')
   converted = checkpointing.params_only_step(ckpt_dir)
   if converted is not None:
     raise config_validation.ConfigError(
@@ -280,8 +291,10 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     if is_main:  # only now: a failed restore never replaces the record of what was trained
       run_record.write_config(workdir, config)
     logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
-                 f'{jax.process_count()} processes; training steps {start_step + 1}..{t.steps}')
+                 f'{jax.process_count()} processes; {steps_to_train(start_step, t.steps)}')
     logger.event(f'MFU is measured against {peak_source}')
+    if shards_message:
+      logger.event(shards_message)
     if stats_message:
       logger.event(stats_message)
     step_fn = train_step_lib.make_train_step(

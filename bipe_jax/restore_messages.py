@@ -1,0 +1,71 @@
+"""What a recovery from a damaged checkpoint prints: one line per damaged step, one for the step
+used, and none of the noise a failed Orbax / TensorStore read leaves behind.
+
+A failed read raises an error whose text embeds a whole TensorStore spec, logs it through
+Orbax's and asyncio's Python loggers, and abandons read coroutines whose event loop is closed
+later ("Event loop is closed" / "coroutine ... was never awaited", printed by Python's
+unraisable-exception hook, possibly at exit). `short_reason` keeps the error's first words,
+`quiet_failed_reads` silences those loggers while the restores are tried and drops those two
+unraisable messages from then on (any other unraisable exception is still printed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+
+NOISY_LOGGERS = ('asyncio', 'absl', 'orbax', 'orbax.checkpoint', 'tensorstore', 'jax')
+ABANDONED_READ_MESSAGES = ('Event loop is closed', 'was never awaited')
+_CUT_AT = ('See full TensorStore details', 'tensorstore_spec', '\n')
+
+
+def short_reason(error: BaseException, limit: int = 200) -> str:
+  """'ExceptionType: the first words of its message' without TensorStore's spec dump."""
+  text = str(error)
+  for marker in _CUT_AT:
+    if marker in text:
+      text = text[:text.index(marker)]
+  text = ' '.join(text.split()).rstrip(' .:')
+  if len(text) > limit:
+    text = text[:limit].rstrip() + '...'
+  return f'{type(error).__name__}: {text}' if text else type(error).__name__
+
+
+def _drop_abandoned_reads(previous):
+  def hook(unraisable):
+    text = f'{unraisable.exc_value!r} {unraisable.err_msg or ""}'
+    if any(m in text for m in ABANDONED_READ_MESSAGES):
+      return
+    previous(unraisable)
+  hook.drops_abandoned_reads = True
+  return hook
+
+
+def install_unraisable_filter() -> None:
+  """From now on, an abandoned read's 'Event loop is closed' / 'never awaited' is not printed."""
+  if not getattr(sys.unraisablehook, 'drops_abandoned_reads', False):
+    sys.unraisablehook = _drop_abandoned_reads(sys.unraisablehook)
+
+
+@contextlib.contextmanager
+def quiet_failed_reads():
+  """Silences the libraries' loggers while checkpoints are tried (our own lines are printed)."""
+  loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
+  levels = [logger.level for logger in loggers]
+  for logger in loggers:
+    logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    for logger, level in zip(loggers, levels):
+      logger.setLevel(level)
+
+
+def damaged_line(step: int, directory: str, error: BaseException, action: str) -> str:
+  return (f'WARNING: checkpoint step {step} in {directory} is damaged ({short_reason(error)}); '
+          f'{action}')
+
+
+def used_line(step: int) -> str:
+  return f'using checkpoint step {step}, the newest that restores'

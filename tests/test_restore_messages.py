@@ -1,0 +1,45 @@
+"""A recovery from a damaged checkpoint prints one short line per damaged step, one for the step
+used, and none of the noise of the failed reads (TensorStore spec dumps, closed event loops)."""
+
+import logging
+import sys
+import types
+
+from bipe_jax import restore_messages
+
+
+def test_the_reason_keeps_the_first_words_without_the_tensorstore_dump():
+  error = ValueError('Encountered error while reading array index: (slice(0, 4, 1),). See full '
+                     'TensorStore details: <bound method spec of TensorStore({"driver": "zarr", '
+                     + 'x' * 5000 + '})>\nmore lines')
+  assert restore_messages.short_reason(error) == (
+      'ValueError: Encountered error while reading array index: (slice(0, 4, 1),)')
+  assert restore_messages.short_reason(OSError('y' * 500)).endswith('y...')
+  assert restore_messages.short_reason(KeyError()) == 'KeyError'
+  line = restore_messages.damaged_line(6, '/r/checkpoints', error, 'trying the previous one')
+  assert line.startswith('WARNING: checkpoint step 6 in /r/checkpoints is damaged (ValueError')
+  assert '\n' not in line and restore_messages.used_line(4).startswith('using checkpoint step 4')
+
+
+def test_abandoned_reads_are_dropped_and_other_unraisables_kept(monkeypatch):
+  seen = []
+  monkeypatch.setattr(sys, 'unraisablehook', seen.append)
+  restore_messages.install_unraisable_filter()
+  restore_messages.install_unraisable_filter()  # once is enough: not wrapped twice
+  assert sys.unraisablehook.drops_abandoned_reads
+  event = lambda exc, msg='Exception ignored in': types.SimpleNamespace(  # pylint: disable=unnecessary-lambda-assignment
+      exc_value=exc, err_msg=msg)
+  sys.unraisablehook(event(RuntimeError('Event loop is closed')))
+  sys.unraisablehook(event(RuntimeWarning("coroutine 'read' was never awaited")))
+  kept = event(ValueError('a real problem'))
+  sys.unraisablehook(kept)
+  assert seen == [kept]
+
+
+def test_the_libraries_loggers_are_silent_while_restores_are_tried(caplog):
+  caplog.set_level(logging.WARNING)
+  with restore_messages.quiet_failed_reads():
+    logging.getLogger('asyncio').error('Task exception was never retrieved')
+    logging.getLogger('orbax.checkpoint').error('restore failed: <TensorStore spec>')
+  logging.getLogger('asyncio').warning('after the restores')
+  assert [r.getMessage() for r in caplog.records] == ['after the restores']
