@@ -60,7 +60,7 @@ def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = ''):
 
 def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', protocol='blocks',
                     stride=None, max_tokens=None, tokens_per_batch=16384,
-                    attention_impl='blockwise', block_size=0, output='results.json', plot='',
+                    attention_impl=runs_lib.EVAL_ATTENTION_IMPL, block_size=0, output='results.json', plot='',
                     command='') -> int:
   try:
     if not workdirs:
@@ -111,7 +111,7 @@ def _unique_labels(labels, workdirs):
 
 
 def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
-                    attention_impl='blockwise', output='', command='') -> int:
+                    attention_impl=runs_lib.EVAL_ATTENTION_IMPL, output='', command='') -> int:
   """Exact-match accuracy by number of operators, for runs trained on data.dataset=arithmetic:
   held-out problems of the training lengths and the longer evaluation problems."""
   import json  # pylint: disable=g-import-not-at-top
@@ -162,7 +162,7 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
 
 
 def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16, step=None,
-                 attention_impl='blockwise', output='', plot_path='', command='') -> int:
+                 attention_impl=runs_lib.EVAL_ATTENTION_IMPL, output='', plot_path='', command='') -> int:
   """Passkey retrieval accuracy by context length and depth for each run (its own tokenizer and
   separators; the synthetic task's samples for a run of data.dataset='passkey')."""
   import json  # pylint: disable=g-import-not-at-top
