@@ -58,7 +58,8 @@ def compile_step(args) -> dict:
   state = train_state.abstract_with_shardings(abstract, shardings)
   batch = {'tokens': jax.ShapeDtypeStruct((args.batch, args.seq_len), jnp.int32,
                                           sharding=mesh_lib.batch_sharding(mesh))}
-  step = train_step.make_train_step(model, tx, schedule, mesh, shardings)
+  step = train_step.make_train_step(model, tx, schedule, mesh, shardings,
+                                    loss_chunk_tokens=0)
   start = time.time()
   with train_state.mesh_context(mesh):
     compiled = step.lower(state, batch).compile()

@@ -217,7 +217,8 @@ def run_cases() -> dict:
       state = jax.device_put(train_state.TrainState(
           step=jnp.zeros((), jnp.int32), params=params, opt_state=sgd.init(params),
           rng=jax.random.PRNGKey(0)), shardings)
-      step = train_step.make_train_step(model, sgd, lambda _: 1.0, mesh, shardings, pad_id=PAD)
+      step = train_step.make_train_step(model, sgd, lambda _: 1.0, mesh, shardings, pad_id=PAD,
+                                        loss_chunk_tokens=0)
       batch = {'tokens': jax.device_put(tokens, mesh_lib.batch_sharding(mesh))}
       with train_state.mesh_context(mesh):
         compiled = step.lower(state, batch).compile()  # for its text; the state is donated

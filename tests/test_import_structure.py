@@ -79,14 +79,14 @@ def test_the_circle_finder_finds_a_circle():
 
 def test_no_import_circles_in_the_library():
   graph = import_graph()
-  assert 'bipe_jax.model' in graph['bipe_jax.training.trainer']  # the graph sees real imports
+  assert 'bipe_jax.model' in graph['bipe_jax.training.setup']  # the graph sees real imports
   assert circles(graph) == []
 
 
 def test_the_data_layer_imports_no_task():
   graph = import_graph()
-  offenders = {m: sorted(t for t in targets if t.startswith('bipe_jax.tasks'))
-               for m, targets in graph.items() if m.startswith('bipe_jax.data')}
+  offenders = {m: sorted(t for t in targets if _layer(t) == 'tasks')
+               for m, targets in graph.items() if _layer(m) == 'data'}
   assert {m: t for m, t in offenders.items() if t} == {}
 
 
@@ -95,9 +95,9 @@ def test_training_and_evaluation_do_not_import_each_other_through_run_restoring(
   the trainer's validation) live below both packages: training imports no evaluation module, and
   neither shared module imports evaluation or the trainer."""
   graph = import_graph()
-  into_evaluation = {m: sorted(t for t in targets if t.startswith('bipe_jax.evaluation'))
+  into_evaluation = {m: sorted(t for t in targets if _layer(t) == 'evaluation')
                      for m, targets in graph.items()
-                     if m.startswith('bipe_jax.training') or m in ('bipe_jax.runs.restore',
+                     if _layer(m) == 'training' or m in ('bipe_jax.runs.restore',
                                                                    'bipe_jax.block_scoring')}
   assert {m: t for m, t in into_evaluation.items() if t} == {}
   assert 'bipe_jax.runs.restore' in graph['bipe_jax.training.init_from']
@@ -245,3 +245,23 @@ def test_the_four_modules_import_with_only_the_core_dependencies_installed():
   # the simulation refuses what is not core (so 'ok' above means something)
   assert _with_core_only('import bipe_jax.data') in {'ImportError grain', 'ImportError '
                                                     'sentencepiece', 'ImportError tensorflow_datasets'}
+
+
+def test_the_library_reads_its_defaults_from_itself():
+  """No bipe_jax module edits sys.path or imports the presets' `configs` package: the defaults
+  live in bipe_jax.defaults (configs/base.py re-exports them for the presets)."""
+  offenders = []
+  for module, path in _modules().items():
+    with open(path) as f:
+      source = f.read()
+    tree = ast.parse(source)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    if 'sys.path' in source or any(m.split('.')[0] == 'configs' for m in imported):
+      offenders.append(module)
+  assert offenders == []
+  from bipe_jax import defaults  # pylint: disable=g-import-not-at-top
+  from configs import base  # pylint: disable=g-import-not-at-top
+  assert base.get_base_config().to_dict() == defaults.get_base_config().to_dict()

@@ -60,7 +60,7 @@ def test_a_head_initialised_below_the_clamp_learns(encoding):
   tokens = tokens.at[:, 5].set(3)
   with train_state.mesh_context(mesh):
     step = train_step.make_train_step(model, tx, optimizer.learning_rate_schedule(c.train),
-                                      mesh, shardings)
+                                      mesh, shardings, loss_chunk_tokens=0)
     batch = {'tokens': jax.device_put(tokens, mesh_lib.batch_sharding(mesh))}
     values = []
     for _ in range(6):

@@ -210,7 +210,8 @@ def test_grad_accumulation_equals_one_big_batch(with_mask):
   results = []
   for accum in (1, 4):
     state, sh = train_state.create_train_state(model, tx, mesh, SEQ, seed=0)
-    step = train_step.make_train_step(model, tx, lr, mesh, sh, grad_accum_steps=accum)
+    step = train_step.make_train_step(model, tx, lr, mesh, sh, grad_accum_steps=accum,
+                                      loss_chunk_tokens=0)
     with train_state.mesh_context(mesh):
       for _ in range(2):
         state, metrics = step(state, batch)

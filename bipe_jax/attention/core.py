@@ -159,7 +159,6 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
                         causal: bool = True,
                         scale: Optional[float] = None,
                         block_size: int = 128,
-                        checkpoint_blocks: bool = True,
                         kernels: str = 'auto') -> jax.Array:
   """Flash-style attention, equal to `dense_attention` (outputs and gradients, float32).
 
@@ -173,8 +172,6 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
   Memory is linear in T in the forward AND the backward pass: a flash-style custom VJP
   (bipe_jax/attention/flash.py) saves only the output and the per-row log-sum-exp and
   recomputes each block's scores, bias and transform in the backward pass.
-  `checkpoint_blocks` is accepted for compatibility and has no effect (the backward always
-  recomputes the blocks).
 
   `transform_halo`: see the module docstring (DAPE V2 needs 2 * (kernel // 2)).
   `kernels`: the backend path of the one-block case (`dense_attention`'s softmax core).

@@ -1,13 +1,13 @@
 """Compile the real training step for a TPU topology ahead of time, on any host (no TPU needed).
 
     report = compile_for_topology(config, 'v5e:2x4')
-    print(format_report(report))
+    print(report_lib.format_report(report))  # compile/report.py
 
 With the `libtpu` wheel installed (requirements-tpu.txt), `jax.experimental.topologies` describes
 the devices of a TPU slice (`v5e:2x4`, `v4:2x2x1`, `v5p:2x2x1`, ...) without any TPU attached.
-The config's mesh is laid over those devices, the train state is built abstractly
-(`train_state.state_shardings`: `jax.eval_shape`, nothing allocated) and the step of
-`train_step.make_train_step` -- the one `trainer.py` runs -- is lowered with
+The config's mesh is laid over those devices, and the run's set-up is built as training builds
+it (`training/setup.build`: the train state abstractly, `jax.eval_shape`, nothing allocated);
+its step -- the one `trainer.py` runs -- is lowered with
 `jax.ShapeDtypeStruct` arguments and compiled by the TPU compiler. The compiled program gives
 exact per-chip figures: argument / output / temporary bytes (`memory_analysis`), FLOPs
 (`cost_analysis`, per chip: the partitioned program) and the collectives of its HLO text.
@@ -23,8 +23,6 @@ import jax
 import jax.numpy as jnp
 
 from bipe_jax import config as model_config_lib
-from bipe_jax import platform_choices
-from bipe_jax import model as model_lib
 from bipe_jax.compile import gpu_lowering
 from bipe_jax.compile import gpu_targets
 from bipe_jax.compile import hlo_stats
@@ -36,10 +34,9 @@ from bipe_jax.compile.topologies import hbm_bytes
 from bipe_jax.compile.topologies import stderr_to_file
 from bipe_jax.runs import position_stats
 from bipe_jax.state import mesh as mesh_lib
-from bipe_jax.state import optimizer as optimizer_lib
-from bipe_jax.state import train_state
 from bipe_jax.training import config_validation
 from bipe_jax.training import flops as flops_lib
+from bipe_jax.training import setup as setup_lib
 from bipe_jax.training import train_step
 
 def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFigures:
@@ -129,36 +126,43 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
     model_config = model_config_lib.model_config_from_dict(config.model)
   except ValueError as e:
     raise config_validation.ConfigError(str(e)) from None
-  t = config.train
-  seq_len = int(config.data.seq_len)
-  tx = optimizer_lib.make_optimizer(t)
-  schedule = optimizer_lib.learning_rate_schedule(t)
+  # model.kernels='auto' resolves by the mesh's devices: the portable path for a TPU topology
   try:
     mesh = _mesh(config.mesh, devices, num_slices)
   except AssertionError as e:  # jax's mesh_utils asserts on device layouts it cannot tile
     raise CompileError(f'--topology={topology}: no device mesh can be laid over its '
                        f'{len(devices)} devices ({" ".join(str(e).split())}); name the slice '
                        'as its chips in 3-D, e.g. v4:2x2x1, v5p:2x2x1') from None
-  # model.kernels='auto' resolves by the mesh's devices: the portable path for a TPU topology
-  model = model_lib.Transformer(platform_choices.config_for_mesh(model_config, mesh))
-  abstract, shardings = train_state.state_shardings(model, tx, mesh, seq_len)
-  state_args = train_state.abstract_with_shardings(abstract, shardings)
-  tokens = jax.ShapeDtypeStruct((t.batch_size, seq_len), jnp.int32,
+  setup = setup_lib.build(config, mesh, model_config=model_config)
+  return compile_setup(setup, topology, num_slices=num_slices, eval_lengths=eval_lengths,
+                       eval_batch_size=eval_batch_size, keep_text=keep_text,
+                       lowering_platform=lowering_platform)
+
+
+def compile_setup(setup: setup_lib.Setup, topology: str, *, num_slices: int = 1,
+                  eval_lengths: Sequence[int] = (), eval_batch_size: int = 0,
+                  keep_text: bool = False,
+                  lowering_platform: Optional[str] = None) -> CompileReport:
+  """Compiles (or with `lowering_platform`, lowers) the step of `setup` (training/setup.py, on
+  the mesh of the devices to compile for) and the evaluation forward at `eval_lengths`;
+  `topology` names them in the report."""
+  config, mesh, t = setup.config, setup.mesh, setup.config.train
+  devices = list(mesh.devices.flat)
+  state_args = setup.target()
+  tokens = jax.ShapeDtypeStruct((t.batch_size, setup.seq_len), jnp.int32,
                                 sharding=mesh_lib.batch_sharding(mesh))
   steps = []
-  with train_state.mesh_context(mesh):
-    step = train_step.make_train_step(
-        model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps,
-        pad_id=int(config.model.pad_id), loss_chunk_tokens=t.loss_chunk_tokens)
-    train_flops = (flops_lib.train_flops_per_token(model_config, seq_len) * t.batch_size
-                   * seq_len / len(devices))
-    steps.append(_compile(step, (state_args, {'tokens': tokens}), 'train', train_flops,
-                          keep_text, lowering_platform))
+  with setup.context():
+    train_flops = (flops_lib.train_flops_per_token(setup.model.config, setup.seq_len)
+                   * t.batch_size * setup.seq_len / len(devices))
+    steps.append(_compile(setup.step_fn, (state_args, {'tokens': tokens}), 'train',
+                          train_flops, keep_text, lowering_platform))
     for length in eval_lengths:
-      steps.append(_compile_eval(model, mesh, state_args.params, length,
+      steps.append(_compile_eval(setup.model, mesh, state_args.params, length,
                                  eval_batch_size or t.batch_size, int(config.model.pad_id),
                                  lowering_platform))
   device = devices[0]
+  abstract, shardings = setup.abstract, setup.shardings
   return CompileReport(
       topology=topology, num_slices=num_slices, device_kind=device.device_kind,
       num_devices=len(devices), mesh=dict(mesh.shape), hbm_bytes=hbm_bytes(device.device_kind),

@@ -72,7 +72,8 @@ def resolve_output(output: str, workdirs, name: str) -> str:
 
 def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', protocol='blocks',
                     stride=None, max_tokens=None, tokens_per_batch=16384,
-                    attention_impl='blockwise', block_size=0, output=AUTO_OUTPUT, plot='',
+                    attention_impl=runs_lib.EVAL_ATTENTION_IMPL, block_size=0,
+                    output=AUTO_OUTPUT, plot='',
                     command='') -> int:
   output = resolve_output(output, workdirs, 'perplexity.json')
   try:
@@ -124,7 +125,7 @@ def _unique_labels(labels, workdirs):
 
 
 def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
-                    attention_impl='blockwise', output='', command='') -> int:
+                    attention_impl=runs_lib.EVAL_ATTENTION_IMPL, output='', command='') -> int:
   """Exact-match accuracy by number of operators, for runs trained on data.dataset=arithmetic:
   held-out problems of the training lengths and the longer evaluation problems."""
   import json  # pylint: disable=g-import-not-at-top
@@ -175,7 +176,7 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
 
 
 def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16, step=None,
-                 attention_impl='blockwise', output=AUTO_OUTPUT, plot_path='',
+                 attention_impl=runs_lib.EVAL_ATTENTION_IMPL, output=AUTO_OUTPUT, plot_path='',
                  command='') -> int:
   """Passkey retrieval accuracy by context length and depth for each run (its own tokenizer and
   separators; the synthetic task's samples for a run of data.dataset='passkey')."""

@@ -356,12 +356,12 @@ def run_demo(plan: DemoPlan, *, command: str, log=print) -> dict:
 
 def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file: str) -> dict:
   from bipe_jax import data  # pylint: disable=g-import-not-at-top
-  from configs import base  # pylint: disable=g-import-not-at-top
+  from bipe_jax import defaults  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import perplexity as ppl  # pylint: disable=g-import-not-at-top
   from bipe_jax.runs import restore as runs_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import sweep  # pylint: disable=g-import-not-at-top
 
-  data_config = base.data_defaults()
+  data_config = defaults.data_defaults()
   data_config.data_dir = plan.data_dir
   data_ready = os.path.isdir(os.path.join(plan.data_dir, 'bipe_embedded'))
   expected = estimate_seconds(plan, data_ready)
@@ -383,7 +383,7 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
       train_seconds[encoding] = future.result()
   for encoding in plan.encodings:
     start = time.perf_counter()
-    run = runs_lib.load_run(plan.workdir(encoding), attention_impl='blockwise')
+    run = runs_lib.load_run(plan.workdir(encoding))
     results = sweep.evaluate_run(run, plan.lengths, max_tokens=plan.max_tokens,
                                  data_config=data_config)
     eval_seconds[encoding] = time.perf_counter() - start

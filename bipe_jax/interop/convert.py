@@ -43,6 +43,7 @@ import ml_collections
 import numpy as np
 
 from bipe_jax import config as model_config_lib
+from bipe_jax import defaults
 from bipe_jax import schemes
 from bipe_jax.interop import destination
 from bipe_jax.interop import hf_files
@@ -63,17 +64,6 @@ def get_config():
   with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config.json')) as f:
     return ml_collections.ConfigDict(json.load(f))
 '''
-
-
-def _base_config() -> ml_collections.ConfigDict:
-  """configs/base.py's get_base_config() (the `configs` package sits beside `bipe_jax`)."""
-  try:
-    from configs import base  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.path.insert(0, root)
-    from configs import base  # pylint: disable=g-import-not-at-top
-  return base.get_base_config()
 
 
 def _model_fields(hf: dict, separator_ids) -> dict:
@@ -135,17 +125,14 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.state import checkpointing  # pylint: disable=g-import-not-at-top
   from bipe_jax.state import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.state import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.state import train_state as train_state_lib  # pylint: disable=g-import-not-at-top
 
   model = model_lib.Transformer(model_config_lib.model_config_from_dict(config.model))
-  tx = optimizer_lib.make_optimizer(config.train)
   mesh = mesh_lib.make_mesh(config.mesh)
-  abstract, shardings = train_state_lib.state_shardings(model, tx, mesh,
-                                                        int(config.data.seq_len))
-  params = model_lib.match_layer_layout(params, abstract.params)  # config.model.scan_layers
-  _check_params(params, abstract.params)
-  params = jax.device_put(jax.tree.map(np.asarray, params), shardings.params)
+  abstract, shardings = train_state_lib.param_shardings(model, mesh, int(config.data.seq_len))
+  params = model_lib.match_layer_layout(params, abstract)  # config.model.scan_layers
+  _check_params(params, abstract)
+  params = jax.device_put(jax.tree.map(np.asarray, params), shardings)
 
   from bipe_jax.runs import run_record  # pylint: disable=g-import-not-at-top
   run_record.write_config(workdir, config)  # paths absolute
@@ -188,7 +175,7 @@ def hf_to_workdir(hf_dir: str, workdir: str, *,
   hf = hf_files.read_hf_config(hf_dir)
   model_config, params = load_hf(hf_dir, separator_ids=separator_ids)
   destination.clear_destination(workdir)
-  config = (base_config or _base_config()).copy_and_resolve_references()
+  config = (base_config or defaults.get_base_config()).copy_and_resolve_references()
   with config.unlocked():
     for key, value in dataclasses.asdict(model_config).items():
       config.model[key] = value

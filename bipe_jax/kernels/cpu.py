@@ -14,6 +14,11 @@ from bipe_jax.encodings import rope
 from bipe_jax.kernels import cpu_attention
 from bipe_jax.kernels import cpu_matmul
 
+# MFU's denominator on CPU (training/flops.py), per host: the float32 matmul rate measured on the
+# project's 2-core machine (machines of that kind measure 1.0e11 to 3.8e11;
+# benchmarks/matmul_peak.py measures yours, train.peak_flops_per_device overrides it).
+PEAK_FLOPS_PER_HOST = 2.0e11
+
 # The projection einsums as one 2-D matmul whose weight gradient keeps the kernel's layout.
 project = cpu_matmul.matmul_einsum
 # The dense softmax core with a hand-written backward in XLA CPU's fast matmul form.

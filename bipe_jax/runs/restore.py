@@ -28,10 +28,11 @@ from bipe_jax.runs import workdir_io
 from bipe_jax import model as model_lib
 from bipe_jax.state import checkpointing
 from bipe_jax.state import mesh as mesh_lib
-from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.state import train_state as train_state_lib
 
 CONFIG_FILES = ('config.json',)
+# Evaluation's attention: every scheme, memory linear in the length (whatever the run trained with).
+EVAL_ATTENTION_IMPL = 'blockwise'
 
 
 class RunError(ValueError):
@@ -110,7 +111,7 @@ def _model_config(config, overrides: dict) -> model_config_lib.ModelConfig:
   return model_config_lib.model_config_from_dict(values)
 
 
-def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'blockwise',
+def load_run(workdir: str, *, step: int | None = None, attention_impl: str = EVAL_ATTENTION_IMPL,
              block_size: int | None = None, mesh: jax.sharding.Mesh | None = None) -> Run:
   """Config, evaluation model and restored params of a training workdir.
 
@@ -141,11 +142,10 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
   mesh = mesh or _eval_mesh(config)
   model_config = platform_choices.config_for_mesh(model_config, mesh)  # 'auto': the mesh's platform
   model = model_lib.Transformer(model_config)
-  tx = optimizer_lib.make_optimizer(config.train)
   # The parameter tree does not depend on the attention path, so the evaluation model gives
-  # the train state's shapes (and a run trained with attention_impl='cudnn' loads on CPU).
-  abstract, shardings = train_state_lib.state_shardings(model, tx, mesh,
-                                                        int(config.data.seq_len))
+  # the parameters' shapes (and a run trained with attention_impl='cudnn' loads on CPU). Only
+  # the parameters are restored: no optimizer state is built.
+  abstract, shardings = train_state_lib.param_shardings(model, mesh, int(config.data.seq_len))
   target = train_state_lib.abstract_with_shardings(abstract, shardings)
   ckpt = checkpointing.Checkpointer(ckpt_dir, every_steps=1, keep=10**9, async_save=False)
   try:
@@ -154,10 +154,7 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = 'bl
     for s in candidates:
       try:
         with restore_messages.quiet_failed_reads():
-          if ckpt.is_params_only(s):  # a converted model (bipe_jax.convert): parameters only
-            params = ckpt.restore_params(s, target.params)
-          else:
-            params = ckpt.restore(s, target)[0].params
+          params = ckpt.restore_trained_params(s, target)
         if errors:
           print(restore_messages.used_line(s), file=sys.stderr, flush=True)
         return Run(workdir=workdir, config=config, model_config=model_config, model=model,

@@ -227,6 +227,18 @@ class Checkpointer:
         step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))
     return restored['params']
 
+  def restore_trained_params(self, step: int, abstract_params) -> Any:
+    """The parameters of `step`, laid out as `abstract_params`: of a training checkpoint only
+    the train state's `params` are read (no optimizer state is built or restored); a
+    `save_params` checkpoint restores as `restore_params`."""
+    if self.is_params_only(step):
+      return self.restore_params(step, abstract_params)
+    restored = ocp.PyTreeCheckpointer().restore(
+        self._step_dir(step) / 'state', args=ocp.args.PyTreeRestore(
+            item={'params': abstract_params}, partial_restore=True,
+            restore_args={'params': ocp.checkpoint_utils.construct_restore_args(abstract_params)}))
+    return restored['params']
+
   def restore(self, step: int, abstract_state) -> tuple[Any, Any]:
     """(state, data_state) of `step`, the state laid out as `abstract_state`'s shardings."""
     restored = self._manager.restore(

@@ -49,16 +49,25 @@ def _init_fn(model: nn.Module, tx: optax.GradientTransformation, seq_len: int):
   return init
 
 
-def state_shardings(model: nn.Module, tx: optax.GradientTransformation,
-                    mesh: jax.sharding.Mesh, seq_len: int) -> tuple[TrainState, TrainState]:
-  """(abstract_state, shardings): shapes/dtypes of the state and its NamedShardings."""
-  rng = jax.random.PRNGKey(0)
+def param_shardings(model: nn.Module, mesh: jax.sharding.Mesh, seq_len: int) -> tuple[Any, Any]:
+  """(abstract_params, shardings) of the model's parameters alone: no optimizer is built (what
+  evaluation, generation and conversion restore)."""
+  rng = jax.random.PRNGKey(0)  # made outside the mesh (a TPU topology's devices run nothing)
   with mesh_context(mesh):
     abstract_vars = jax.eval_shape(
         lambda r: model.init(r, jnp.zeros((1, seq_len), jnp.int32)), rng)
-    logical_specs = nn.get_partition_spec(abstract_vars)['params']
+  logical_specs = nn.get_partition_spec(abstract_vars)['params']
+  abstract_params = nn.unbox(abstract_vars['params'])
+  return abstract_params, mesh_lib.logical_to_shardings(logical_specs, abstract_params, mesh)
+
+
+def state_shardings(model: nn.Module, tx: optax.GradientTransformation,
+                    mesh: jax.sharding.Mesh, seq_len: int) -> tuple[TrainState, TrainState]:
+  """(abstract_state, shardings): shapes/dtypes of the state and its NamedShardings."""
+  _, param_sh = param_shardings(model, mesh, seq_len)
+  rng = jax.random.PRNGKey(0)
+  with mesh_context(mesh):
     abstract_state = jax.eval_shape(_init_fn(model, tx, seq_len), rng)
-  param_sh = mesh_lib.logical_to_shardings(logical_specs, abstract_state.params, mesh)
   repl = mesh_lib.replicated(mesh)
   opt_sh = optax.tree_map_params(
       tx, lambda _, sharding: sharding, abstract_state.opt_state, param_sh,

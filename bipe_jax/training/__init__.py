@@ -1,7 +1,8 @@
 """Training: the train step, the loop and what sets a run up.
 
 Entry points: `trainer.train(config, workdir)` and `cli.run(...)` (what train/main.py calls).
-Modules: distributed (multi-host start-up), train_step (loss and jitted step), chunked_loss,
+Modules: setup (the one set-up of a run: model, optimizer, schedule, abstract state, shardings,
+step), distributed (multi-host start-up), train_step (loss and jitted step), chunked_loss,
 data_loading (logical data shards), flops (FLOPs/token, MFU), progress (progress line,
 TensorBoard), validation, config_validation (one-line config errors), init_from (parameters
 from another run or a Hugging Face folder), train_loop, trainer (the loop).

@@ -21,11 +21,12 @@ The peak MFU is measured against (`peak_flops_per_device`): the published dense 
 peak of the device kind for the compute dtype — H100/H200 SXM: 989 TFLOP/s bfloat16, 494 TF32
 (float32 matmuls on NVIDIA GPUs run as TF32 under XLA's default precision); A100: 312 / 156;
 TPU v4: 275, v5e: 197, v5p: 459, v6e: 918 (bfloat16; float32 matmuls on TPU run as bfloat16
-passes at default precision, so the same figure) — and on CPU the float32 matmul rate measured
-on the project's 2-core machine, 2e11 FLOP/s per host (machines of that kind measure 1.0e11 to
-3.8e11; benchmarks/matmul_peak.py measures yours).
+passes at default precision, so the same figure) — and on CPU the float32 matmul rate the CPU
+seam records (bipe_jax/kernels/cpu.py, measured on the project's 2-core machine).
 `train.peak_flops_per_device` > 0 overrides it.
 """
+
+from bipe_jax.kernels import cpu as cpu_kernels
 
 
 def _get(config, name, default=None):
@@ -87,7 +88,7 @@ PUBLISHED_PEAKS = (
     ('v5', 459e12, 459e12),
     ('v4', 275e12, 275e12),
 )
-CPU_PEAK_PER_HOST = 2.0e11  # float32, measured on the project's 2-core machine
+CPU_PEAK_PER_HOST = cpu_kernels.PEAK_FLOPS_PER_HOST  # the CPU seam's measured figure
 
 
 def peak_flops_per_device(device_kind: str, platform: str, dtype: str,

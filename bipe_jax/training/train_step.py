@@ -72,7 +72,7 @@ def scored_targets(tokens_BxT: jax.Array, pad_id: int = -1,
 
 def train_step(state: TrainState, batch: dict, *, model: nn.Module,
                tx: optax.GradientTransformation, schedule: Callable, grad_accum_steps: int = 1,
-               pad_id: int = -1, loss_chunk_tokens: int = 0,
+               pad_id: int = -1, loss_chunk_tokens: int,
                batch_shards: int = 1) -> tuple[TrainState, dict]:
   """One optimizer update on a global batch {'tokens': int32 [B, T], 'loss_mask'?: [B, T]}.
 
@@ -131,11 +131,12 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
 
 
 def make_train_step(model, tx, schedule, mesh, shardings: TrainState, *,
-                    grad_accum_steps: int = 1, pad_id: int = -1, loss_chunk_tokens: int = 0):
+                    loss_chunk_tokens: int, grad_accum_steps: int = 1, pad_id: int = -1):
   """The jitted step: in/out shardings on `mesh`, the incoming state donated.
 
   Call it inside `train_state.mesh_context(mesh)` (the model's logical constraints need the
-  mesh and the rules while tracing). `loss_chunk_tokens` applies to bipe_jax's Transformer; any
+  mesh and the rules while tracing). `loss_chunk_tokens` (config.train's; 0 = the plain
+  logits, no chunks) applies to bipe_jax's Transformer; any
   other model (one that only returns logits) gets the plain loss.
   """
   if not isinstance(model, model_lib.Transformer):

@@ -26,7 +26,6 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bipe_jax import config as model_config_lib
-from bipe_jax import platform_choices
 from bipe_jax import schemes
 from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax.runs import workdir_io
@@ -38,13 +37,11 @@ from bipe_jax.training import flops as flops_lib
 from bipe_jax.training import init_from as init_from_lib
 from bipe_jax.training import init_from_shapes
 from bipe_jax.state import mesh as mesh_lib
-from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.runs import position_stats
 from bipe_jax.training import progress
+from bipe_jax.training import setup as setup_lib
 from bipe_jax.runs import run_record
-from bipe_jax.state import train_state as train_state_lib
 from bipe_jax.training import train_loop
-from bipe_jax.training import train_step as train_step_lib
 from bipe_jax.training import validation
 from bipe_jax.runs import workdir_lock
 
@@ -216,11 +213,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
     model_config, stats_message = _segment_statistics(config, workdir, model_config,
                                                       make_iterator)
   if model is None:
-    from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
     model_config = model_config or model_config_lib.model_config_from_dict(config.model)
-    model = model_lib.Transformer(model_config)
-  model = platform_choices.model_for_mesh(model, mesh)  # model.kernels='auto': the mesh's platform
-  pad_id = int(config.model.pad_id)
 
   is_main = jax.process_index() == 0
   converted = checkpointing.params_only_step(ckpt_dir)
@@ -236,9 +229,8 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
   if is_main:
     workdir_io.makedirs(workdir)
 
-  tx = optimizer_lib.make_optimizer(t)
-  schedule = optimizer_lib.learning_rate_schedule(t)
-  abstract, shardings = train_state_lib.state_shardings(model, tx, mesh, seq_len)
+  setup = setup_lib.build(config, mesh, model_config=model_config, model=model)
+  model, shardings = setup.model, setup.shardings
   checkpointer = checkpointing.Checkpointer(
       ckpt_dir, every_steps=config.checkpoint.every_steps, keep=config.checkpoint.keep,
       async_save=config.checkpoint.async_save)
@@ -266,8 +258,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
 
     logging.info('built data loader and checkpointer; restoring')
     restored = checkpointer.restore_latest(
-        train_state_lib.abstract_with_shardings(abstract, shardings),
-        allow_fresh_start=bool(config.checkpoint.allow_fresh_start))
+        setup.target(), allow_fresh_start=bool(config.checkpoint.allow_fresh_start))
     if restored is not None:
       start_step, state, data_state = restored
       if data_state is not None:  # None: a train state saved without a data position
@@ -276,7 +267,7 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
                    + (' (train.init_from is used only by a fresh run)'
                       if t.init_from else ''))
     else:
-      state, _ = train_state_lib.create_train_state(model, tx, mesh, seq_len, t.seed)
+      state, _ = setup.fresh_state(t.seed)
       start_step = 0
       if t.init_from:
         try:
@@ -297,21 +288,17 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
       logger.event(shards_message)
     if stats_message:
       logger.event(stats_message)
-    step_fn = train_step_lib.make_train_step(
-        model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps, pad_id=pad_id,
-        loss_chunk_tokens=t.loss_chunk_tokens)
-
     record = _Record(logger, checkpointer, loader, ckpt_dir,
                      last_good=start_step if restored is not None else None,
                      signal_name=lambda: preemption.signal_name or 'SIGTERM')
     loop = train_loop.TrainLoop(
-        step_fn=step_fn,
+        step_fn=setup.step_fn,
         next_batch=lambda: mesh_lib.global_batch(next(loader), mesh, t.batch_size),
         scalars=train_loop.Scalars(record.consume, jax.device_get),
         actions=_periodic_actions(config, record, validation_slice, model, mesh),
         should_stop=preemption.reached,
         on_first_dispatch=lambda: logging.info('first step dispatched'))
-    with train_state_lib.mesh_context(mesh):
+    with setup.context():
       end = loop.run(state, start_step, t.steps)
       if end.exhausted:
         record.data_ended(end, start_step, config)
