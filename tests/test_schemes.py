@@ -27,12 +27,13 @@ EXPECTED = {
     'bipe_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'none'),
     'bipe_fire': ('learned', 'intra', 'none', 'fire', 'inter', 'none'),
     'bipe_dape_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'dape_v1'),
+    'bipe3_rope': ('learned', 'intra', 'hierarchical', 'none', None, 'none'),
 }
 
 
 def test_names_are_exactly_the_spec_list():
   assert SCHEME_NAMES == tuple(EXPECTED)
-  assert len(set(SCHEME_NAMES)) == 17
+  assert len(set(SCHEME_NAMES)) == 18
 
 
 @pytest.mark.parametrize('name', SCHEME_NAMES)
@@ -45,7 +46,8 @@ def test_hooks(name):
     assert s.input_stream == inp_stream
   if bias_stream is not None:
     assert s.bias_stream == bias_stream
-  assert s.uses_learned_intra == name.startswith('bipe_')
+  assert s.uses_learned_intra == name.startswith('bipe')
+  assert s.uses_paragraphs == (name == 'bipe3_rope')
   assert s.uses_learned_absolute == (name == 'learned')
   assert s.has_bias_or_transform == (bias != 'none')
   assert s.alibi_slope_factor == (96.0 if name == 'bipe_alibi' else 1.0)
