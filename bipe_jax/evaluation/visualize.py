@@ -126,7 +126,8 @@ def visualize(model_config, params, tokens_T, *, query: int, layer: int, head: i
                                     f'positional bias, {where}'),
               'attention_png': draw_attention(probe['weights'][0, head], numbers,
                                               os.path.join(output_dir, 'attention.png'),
-                                              f'attention, {where}, head {head}')}
+                                              f'attention, {label}, layer {layer}, '
+                                              f'head {head}')}
   with open(os.path.join(output_dir, 'visualize.json'), 'w', encoding='utf-8') as f:
     json.dump(document, f)
   return document
