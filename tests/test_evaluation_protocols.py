@@ -132,3 +132,27 @@ def test_position_plot_writes_a_png(tmp_path):
   with pytest.raises(ValueError, match='per position'):
     position_plot.plot_document_positions({'runs': [{'label': 'a', 'results': [{}]}]},
                                           str(tmp_path / 'q.png'))
+
+
+def test_perplexity_cli_last_k_per_position(tmp_path):
+  """eval/perplexity.py's logic end to end on a saved run: last:4 scores only the last 4
+  positions of each window, the JSON holds the per-position curve, the plot is written."""
+  import json  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import cli  # pylint: disable=g-import-not-at-top
+  from tests import test_evaluation_runs as run_fixtures  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / 'run')
+  run_fixtures._write_workdir(path, 'alibi')  # pylint: disable=protected-access
+  out, png = str(tmp_path / 'r.json'), str(tmp_path / 'positions.png')
+  assert cli.perplexity_main(workdirs=[path], lengths='16', protocol='last:4', max_tokens=160,
+                             per_position=True, output=out, position_plot=png) == 0
+  doc = json.load(open(out))
+  assert doc['protocol'] == 'last:4'
+  result, = doc['runs'][0]['results']
+  counts = result['position_tokens']
+  assert len(counts) == 16 and counts[:12] == [0] * 12 and min(counts[12:]) > 0
+  assert result['tokens'] == sum(counts)
+  np.testing.assert_allclose(
+      sum(m * c for m, c in zip(result['position_nll'][12:], counts[12:])), result['nll_sum'],
+      rtol=1e-6)
+  assert open(png, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
+  assert cli.perplexity_main(workdirs=[path], lengths='16', protocol='last:x', output='') == 2
