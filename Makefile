@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.test-installed
 TPU_STAMP := $(VENV)/.tpu-installed
 CUDA_STAMP := $(VENV)/.cuda-installed
 
-.PHONY: test test-fast test-gpu demo demo-all demo-dape setup setup-cuda clean
+.PHONY: test test-fast test-gpu demo demo-all demo-dape demo-segments setup setup-cuda clean
 
 # The requirements files pin every version; pyproject.toml names what each part needs (core,
 # [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
@@ -74,9 +74,16 @@ demo: $(CORE_STAMP)
 demo-all: $(CORE_STAMP)
 	$(PY) eval/demo.py --output_dir=demo_out --encodings=rope,bipe_rope,alibi,bipe_alibi
 
-# DAPE's claim: kerple, dape_kerple, bipe_dape_kerple, 1000 steps each, evaluated at 1x..64x.
+# DAPE's claim: kerple, dape_kerple, bipe_dape_kerple, 1000 steps each, evaluated at 1x..64x
+# (the table also under DAPE's protocol: the last 256 tokens of each window).
 demo-dape: $(CORE_STAMP)
-	$(PY) eval/demo.py --output_dir=demo_dape_out --encodings=kerple,dape_kerple,bipe_dape_kerple --steps=1000 --multipliers=1,2,4,8,16,32,64
+	$(PY) eval/demo.py --output_dir=demo_dape_out --encodings=kerple,dape_kerple,bipe_dape_kerple --steps=1000 --multipliers=1,2,4,8,16,32,64 --extra_protocols=last:256
+
+# BiPE's segmentation, in the demo's budget and protocol: bipe_rope on natural segments vs
+# fixed-length ones of the corpus's mean segment length (the paper's ablation), and
+# hierarchical BiPE (bipe3_rope: sentences within paragraphs) vs bilevel, at 1x..16x.
+demo-segments: $(CORE_STAMP)
+	$(PY) eval/demo.py --output_dir=demo_segments_out --encodings=bipe_rope,bipe_rope@fixed:auto,bipe3_rope
 
 clean:
-	rm -rf $(VENV) demo_out demo_dape_out
+	rm -rf $(VENV) demo_out demo_dape_out demo_segments_out

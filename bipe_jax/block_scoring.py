@@ -36,6 +36,10 @@ class LengthResult:
   blocks: int
   tokens: int  # targets scored
   nll_sum: float
+  # With per_position scoring: summed NLL and scored-target count at each window position
+  # t = 0..L-1 (the target predicted from position t - 1; t = 0 is never scored). None if not.
+  position_nll_sum: tuple | None = None
+  position_tokens: tuple | None = None
 
   @property
   def nll(self) -> float:
@@ -46,9 +50,19 @@ class LengthResult:
   def perplexity(self) -> float:
     return math.exp(self.nll) if self.tokens else float('nan')
 
+  @property
+  def position_nll(self) -> list | None:
+    """Mean NLL at each window position [L] (None where nothing was scored there)."""
+    if self.position_nll_sum is None:
+      return None
+    return [s / c if c else None for s, c in zip(self.position_nll_sum, self.position_tokens)]
+
   def to_dict(self) -> dict:
-    return dict(length=self.length, blocks=self.blocks, tokens=self.tokens,
-                nll_sum=self.nll_sum, nll=self.nll, perplexity=self.perplexity)
+    out = dict(length=self.length, blocks=self.blocks, tokens=self.tokens,
+               nll_sum=self.nll_sum, nll=self.nll, perplexity=self.perplexity)
+    if self.position_nll_sum is not None:
+      out.update(position_nll=self.position_nll, position_tokens=list(self.position_tokens))
+    return out
 
 
 def block_nll(logits_BxLxV: jax.Array, tokens_BxL: jax.Array,
@@ -62,6 +76,20 @@ def block_nll(logits_BxLxV: jax.Array, tokens_BxL: jax.Array,
   return jnp.sum(jnp.where(mask, nll, 0.0)), jnp.sum(mask.astype(jnp.int32))
 
 
+def position_nll(logits_BxLxV: jax.Array, tokens_BxL: jax.Array,
+                 target_mask_BxL: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(summed NLL float32 [L], scored-target count int32 [L]) at each window position t (the
+  target tokens[:, t] predicted from the logits at t - 1; position 0 is never scored)."""
+  logits = logits_BxLxV[:, :-1].astype(jnp.float32)
+  targets = tokens_BxL[:, 1:]
+  mask = target_mask_BxL[:, 1:]
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = jax.nn.logsumexp(logits, axis=-1) - target_logit
+  zero = lambda x: jnp.concatenate([jnp.zeros((1,), x.dtype), x])
+  return (zero(jnp.sum(jnp.where(mask, nll, 0.0), axis=0)),
+          zero(jnp.sum(mask.astype(jnp.int32), axis=0)))
+
+
 def _batch_axes(mesh: Mesh | None, axes: Sequence[str]) -> tuple[str, ...]:
   if mesh is None:
     return ()
@@ -73,8 +101,10 @@ def _shards(mesh: Mesh | None, axes: tuple[str, ...]) -> int:
 
 
 def make_batch_scorer(apply_fn: ApplyFn, mesh: Mesh | None = None,
-                      batch_axes: Sequence[str] = ('data', 'fsdp')):
-  """jitted (params, tokens_BxL, mask_BxL) -> (nll_sum, count), batch sharded over the mesh."""
+                      batch_axes: Sequence[str] = ('data', 'fsdp'), per_position: bool = False):
+  """jitted (params, tokens_BxL, mask_BxL) -> (nll_sum, count), batch sharded over the mesh;
+  with `per_position`, both [L] (`position_nll`)."""
+  reduce = position_nll if per_position else block_nll
   axes = _batch_axes(mesh, batch_axes)
 
   def scorer(params, tokens, mask):
@@ -82,7 +112,7 @@ def make_batch_scorer(apply_fn: ApplyFn, mesh: Mesh | None = None,
       spec = NamedSharding(mesh, P(axes, None))
       tokens = jax.lax.with_sharding_constraint(tokens, spec)
       mask = jax.lax.with_sharding_constraint(mask, spec)
-    return block_nll(apply_fn(params, tokens), tokens, mask)
+    return reduce(apply_fn(params, tokens), tokens, mask)
 
   return jax.jit(scorer)
 
@@ -98,7 +128,8 @@ def _to_global(mesh: Mesh | None, axes: tuple[str, ...], rows: np.ndarray) -> ja
 def score_blocks(apply_fn: ApplyFn, params, tokens_NxL: np.ndarray, target_mask_NxL: np.ndarray,
                  *, batch_size: int = 8, mesh: Mesh | None = None,
                  batch_axes: Sequence[str] = ('data', 'fsdp'), scorer=None,
-                 progress: Callable[[int], None] | None = None) -> LengthResult:
+                 progress: Callable[[int], None] | None = None,
+                 per_position: bool = False) -> LengthResult:
   """Summed NLL and scored-token count over all blocks.
 
   Args:
@@ -109,6 +140,8 @@ def score_blocks(apply_fn: ApplyFn, params, tokens_NxL: np.ndarray, target_mask_
     mesh: optional device mesh; the batch is sharded over `batch_axes` found in it.
     scorer: a `make_batch_scorer(...)` result to reuse across calls (saves re-tracing).
     progress: called with the number of blocks finished after each batch.
+    per_position: also sum the NLL per window position (LengthResult.position_nll); a given
+      `scorer` must then be made with per_position=True.
   """
   tokens_NxL = np.asarray(tokens_NxL)
   target_mask_NxL = np.asarray(target_mask_NxL)
@@ -124,8 +157,8 @@ def score_blocks(apply_fn: ApplyFn, params, tokens_NxL: np.ndarray, target_mask_
   shards = _shards(mesh, axes)
   batch_size = min(batch_size, num_blocks)
   batch_size = -(-batch_size // shards) * shards
-  scorer = scorer or make_batch_scorer(apply_fn, mesh, batch_axes)
-  total_nll, total_count = 0.0, 0
+  scorer = scorer or make_batch_scorer(apply_fn, mesh, batch_axes, per_position)
+  total_nll, total_count = np.float64(0.0), np.int64(0)  # [L] arrays with per_position
   pending = []  # dispatch every batch before fetching results (async dispatch)
   for start in range(0, num_blocks, batch_size):
     rows = tokens_NxL[start:start + batch_size].astype(np.int32)
@@ -138,13 +171,19 @@ def score_blocks(apply_fn: ApplyFn, params, tokens_NxL: np.ndarray, target_mask_
                     scorer(params, _to_global(mesh, axes, rows), _to_global(mesh, axes, mask))))
     if len(pending) > 1:
       done, (nll, count) = pending.pop(0)
-      total_nll += float(nll)
-      total_count += int(count)
+      total_nll = total_nll + np.asarray(nll, np.float64)
+      total_count = total_count + np.asarray(count, np.int64)
       if progress:
         progress(done)
   for done, (nll, count) in pending:
-    total_nll += float(nll)
-    total_count += int(count)
+    total_nll = total_nll + np.asarray(nll, np.float64)
+    total_count = total_count + np.asarray(count, np.int64)
     if progress:
       progress(done)
-  return LengthResult(length=length, blocks=num_blocks, tokens=total_count, nll_sum=total_nll)
+  if not per_position:
+    return LengthResult(length=length, blocks=num_blocks, tokens=int(total_count),
+                        nll_sum=float(total_nll))
+  return LengthResult(length=length, blocks=num_blocks, tokens=int(total_count.sum()),
+                      nll_sum=float(total_nll.sum()),
+                      position_nll_sum=tuple(float(x) for x in total_nll),
+                      position_tokens=tuple(int(x) for x in total_count))

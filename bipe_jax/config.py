@@ -22,7 +22,20 @@ from bipe_jax import remat as remat_lib
 from bipe_jax import schemes
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)  # Llama tokenizer: '▁.' and '<0x0A>' (official BiPE code)
-SEPARATOR_MODES = ('auto', 'sentence', 'newline', 'official', 'ids')
+SEPARATOR_MODES = ('auto', 'sentence', 'newline', 'official', 'ids')  # and 'fixed:K'
+FIXED_PREFIX = 'fixed:'  # separators='fixed:K': a segment every K tokens (BiPE's ablation)
+
+
+def fixed_segment_length(separators: str) -> int:
+  """K of a separator rule 'fixed:K' (a positive integer), 0 for any other rule; ValueError
+  naming the value when it starts with 'fixed:' but K is not a positive integer."""
+  if not isinstance(separators, str) or not separators.startswith(FIXED_PREFIX):
+    return 0
+  k = separators[len(FIXED_PREFIX):]
+  if not k.isdigit() or int(k) <= 0:
+    raise _err('separators', separators, "'fixed:K' needs a positive integer K, e.g. 'fixed:16'")
+  return int(k)
+
 DTYPES = ('float32', 'bfloat16')
 ROPE_SCALINGS = ('none', 'linear', 'ntk', 'yarn')
 
@@ -52,6 +65,10 @@ class ModelConfig:
   alibi_slope_factor: float = 0.0  # 0 = scheme default (96 for bipe_alibi, 1 otherwise)
   separators: str = 'auto'  # auto (tokenizer rule) | official ({869, 13}) | ids (separator_ids)
   separator_ids: Tuple[int, ...] = ()  # resolved at start when separators != 'ids'
+  # Hierarchical BiPE (bipe3_rope): ids that end a paragraph (and its segment); resolved at
+  # training start from the tokenizer's newline pieces when empty (empty: the row is one
+  # paragraph). Other schemes ignore them.
+  paragraph_ids: Tuple[int, ...] = ()
   bos_id: int = 1
   eos_id: int = 2
   pad_id: int = -1  # -1 = no padding token
@@ -78,8 +95,9 @@ class ModelConfig:
   t5_max_distance: int = 128
 
   def __post_init__(self):
-    if isinstance(self.separator_ids, (list, tuple)):
-      object.__setattr__(self, 'separator_ids', tuple(self.separator_ids))
+    for field in ('separator_ids', 'paragraph_ids'):
+      if isinstance(getattr(self, field), (list, tuple)):
+        object.__setattr__(self, field, tuple(getattr(self, field)))
     validate_model_config(self, **_CHECKS.get())
 
   # Derived values (no new fields, so the dataclass mirrors the config exactly).
@@ -105,6 +123,11 @@ class ModelConfig:
     DAPE.py); init_L defaults to train_length // 4, the released 512-token configs' 128."""
     init_l = self.fire_init_L or self.train_length // 4
     return init_l // 2 if self.fire_halve_init_L else init_l
+
+  @property
+  def fixed_segment_length(self) -> int:
+    """K of separators='fixed:K' (a segment every K tokens), 0 otherwise."""
+    return fixed_segment_length(self.separators)
 
   @property
   def slope_factor(self) -> float:
@@ -187,20 +210,29 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   inter_later = inter_length_later and cfg.scheme.rotary == 'inter'
   if cfg.rope_original_length == 0 and cfg.rope_scaling != 'none' and not inter_later:
     raise _err('rope_original_length', 0, derive)
+  if cfg.rope_log_scale and cfg.scheme.rotary == 'hierarchical':
+    raise _err('rope_log_scale', True, f'is not defined for {cfg.position_encoding} (two '
+               'rotary streams)')
   if cfg.rope_log_scale and cfg.train_length < 2:
     raise _err('train_length', cfg.train_length, 'must be >= 2 with rope_log_scale')
   if not cfg.alibi_slope_factor >= 0:
     raise _err('alibi_slope_factor', cfg.alibi_slope_factor, 'must be >= 0 (0 = default)')
-  if cfg.separators not in SEPARATOR_MODES:
-    raise _err('separators', cfg.separators, f'must be one of {SEPARATOR_MODES}')
-  bad = [i for i in cfg.separator_ids
-         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.vocab_size]
-  if bad:
-    raise _err('separator_ids', cfg.separator_ids,
-               f'ids {bad} are out of range: allowed 0..{cfg.vocab_size - 1}')
+  fixed = fixed_segment_length(cfg.separators)
+  if cfg.separators not in SEPARATOR_MODES and not fixed:
+    raise _err('separators', cfg.separators, f"must be one of {SEPARATOR_MODES} or 'fixed:K'")
+  for field in ('separator_ids', 'paragraph_ids'):
+    bad = [i for i in getattr(cfg, field)
+           if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.vocab_size]
+    if bad:
+      raise _err(field, getattr(cfg, field),
+                 f'ids {bad} are out of range: allowed 0..{cfg.vocab_size - 1}')
   if cfg.separators == 'ids' and not cfg.separator_ids:
     raise _err('separator_ids', cfg.separator_ids, "must not be empty with separators='ids'")
-  if require_separators and cfg.scheme.bilevel and not cfg.separator_ids:
+  if fixed and cfg.scheme.uses_paragraphs:
+    raise _err('separators', cfg.separators, f'{cfg.position_encoding} needs text separators '
+               "(paragraphs within sentences), not fixed-length segments")
+  if (require_separators and cfg.scheme.bilevel and not cfg.separator_ids
+      and not fixed):
     raise _err('separator_ids', cfg.separator_ids,
                f'is empty, so every token of a {cfg.position_encoding} model would be in segment '
                f'0: resolve model.separators={cfg.separators!r} from the tokenizer '
@@ -258,6 +290,9 @@ def model_config_from_dict(model: Mapping[str, Any], *,
   if isinstance(ids, (int,)):
     ids = (ids,)
   values['separator_ids'] = tuple(int(i) for i in ids)
+  paragraph = values.get('paragraph_ids', ())
+  values['paragraph_ids'] = tuple(int(i) for i in ((paragraph,) if isinstance(paragraph, int)
+                                                   else paragraph))
   if values.get('separators') == 'official' and not values['separator_ids']:
     values['separator_ids'] = OFFICIAL_SEPARATOR_IDS
   with _checks(require_separators=require_separators, inter_length_later=inter_length_later):

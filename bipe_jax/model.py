@@ -60,6 +60,7 @@ from bipe_jax.encodings import absolute
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import dape
 from bipe_jax.encodings import fire
+from bipe_jax.encodings import hierarchical
 from bipe_jax.encodings import initializers
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import rope
@@ -77,6 +78,8 @@ class Side:
   inter: jax.Array
   document: jax.Array
   valid: jax.Array  # bool
+  paragraph: jax.Array  # hierarchical BiPE: paragraph index (positions.py)
+  sentence: jax.Array  # hierarchical BiPE: segment index inside the paragraph
   # RoPE tables of the query side, [B, 1, N, Dh] float32, made once per forward pass by the
   # Transformer (None: each attention computes its own).
   rope_cos: Optional[jax.Array] = None
@@ -85,10 +88,31 @@ class Side:
   @classmethod
   def from_positions(cls, pos: positions_lib.BilevelPositions, index_BxN: jax.Array) -> 'Side':
     return cls(index=index_BxN, token=pos.token, intra=pos.intra, inter=pos.inter,
-               document=pos.document, valid=pos.valid)
+               document=pos.document, valid=pos.valid, paragraph=_stream(pos, 'paragraph'),
+               sentence=_stream(pos, 'sentence'))
 
   def stream(self, name: str) -> jax.Array:
     return getattr(self, name)
+
+
+def _stream(pos: positions_lib.BilevelPositions, name: str) -> jax.Array:
+  """A stream of `pos`; the hierarchy's streams given as None mean one paragraph
+  (paragraph 0, sentence = inter), as positions.py computes without paragraph separators."""
+  value = getattr(pos, name)
+  if value is None:
+    value = pos.inter if name == 'sentence' else jnp.zeros_like(pos.inter)
+  return value
+
+
+def rotary_tables(cfg: ModelConfig, side: 'Side',
+                  num_positions: Optional[int] = None) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [B, 1, N, Dh] of the scheme's rotary for the positions of `side`: one stream,
+  or hierarchical BiPE's sentence and paragraph streams on alternate frequencies."""
+  rotary = cfg.scheme.rotary
+  if rotary == 'hierarchical':
+    return hierarchical.mix_rotary_tables(rope_tables(cfg, side.sentence, num_positions),
+                                          rope_tables(cfg, side.paragraph, num_positions))
+  return rope_tables(cfg, side.stream(rotary), num_positions)
 
 
 def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array,
@@ -245,12 +269,12 @@ class Attention(nn.Module):
     v = proj('value', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
 
     if scheme.rotary != 'none':
-      rot_pos = q_side.stream(scheme.rotary)
-      if cfg.rope_log_scale:
+      if cfg.rope_log_scale:  # config.py: not with the hierarchical rotary
+        rot_pos = q_side.stream(scheme.rotary)
         q = q * rope.rope_log_scale(rot_pos, cfg.train_length)[:, None, :, None].astype(q.dtype)
       cos, sin = q_side.rope_cos, q_side.rope_sin
       if cos is None:  # an Attention used without the Transformer's tables
-        cos, sin = rope_tables(cfg, rot_pos)
+        cos, sin = rotary_tables(cfg, q_side)
       q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
 
     if self.decode:
@@ -402,6 +426,13 @@ class Transformer(nn.Module):
       docs = positions_lib.separator_table(cfg.vocab_size, (cfg.bos_id,))
     return sep, docs
 
+  def _paragraph_table(self):
+    """[V] bool of the paragraph separators (hierarchical schemes with ids), else None."""
+    cfg = self.config
+    if not (cfg.scheme.uses_paragraphs and cfg.paragraph_ids):
+      return None
+    return positions_lib.separator_table(cfg.vocab_size, cfg.paragraph_ids)
+
   def compute_positions(self, tokens_BxT: jax.Array,
                         valid_BxT: Optional[jax.Array] = None) -> positions_lib.BilevelPositions:
     """The position streams the model derives from token ids (config separators, BOS, pad) and
@@ -414,7 +445,9 @@ class Transformer(nn.Module):
     return compute(
         tokens_BxT, sep, document_start_table_V=docs,
         pad_id=cfg.pad_id if cfg.pad_id >= 0 else None,
-        restart_at_documents=cfg.restart_at_documents, valid_BxT=valid_BxT)
+        restart_at_documents=cfg.restart_at_documents, valid_BxT=valid_BxT,
+        paragraph_table_V=self._paragraph_table(),
+        fixed_segment_length=cfg.fixed_segment_length)
 
   def _decode_sides(self, tokens_BxT, positions, valid_BxT):
     """Updates the top-level cache; returns (q_side, k_side, cache_index) for this chunk."""
@@ -422,7 +455,7 @@ class Transformer(nn.Module):
     initialized = self.has_variable('cache', 'index')
     index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
     buf = self.variable('cache', 'tokens', jnp.zeros, (b, t), jnp.int32)
-    streams = ('token', 'intra', 'inter', 'document')
+    streams = ('token', 'intra', 'inter', 'document', 'paragraph', 'sentence')
     cached = {n: self.variable('cache', f'pos_{n}', jnp.zeros, (b, t), jnp.int32)
               for n in streams}
     cached_valid = self.variable('cache', 'pos_valid', jnp.zeros, (b, t), bool)
@@ -450,13 +483,14 @@ class Transformer(nn.Module):
     else:
       for n in streams:
         cached[n].value = jax.lax.dynamic_update_slice(
-            cached[n].value, getattr(positions, n).astype(jnp.int32), (0, start))
+            cached[n].value, _stream(positions, n).astype(jnp.int32), (0, start))
       cached_valid.value = jax.lax.dynamic_update_slice(cached_valid.value, positions.valid,
                                                         (0, start))
     slot_BxL = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
     k_side = Side(index=slot_BxL, token=cached['token'].value, intra=cached['intra'].value,
                   inter=cached['inter'].value, document=cached['document'].value,
-                  valid=cached_valid.value)
+                  valid=cached_valid.value, paragraph=cached['paragraph'].value,
+                  sentence=cached['sentence'].value)
     chunk = lambda x: jax.lax.dynamic_slice_in_dim(x, start, t, axis=1)
     q_side = jax.tree.map(chunk, k_side)
     # Running bilevel state: the last valid token written so far (unchanged if none).
@@ -504,7 +538,7 @@ class Transformer(nn.Module):
       # (a bound the CPU path reads host tables up to); given positions or a decode cache may
       # hold any value.
       bound = t if sides is None and positions is None else None
-      cos, sin = rope_tables(cfg, q_side.stream(scheme.rotary), bound)
+      cos, sin = rotary_tables(cfg, q_side, bound)
       q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size,

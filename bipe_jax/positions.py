@@ -25,6 +25,23 @@ with BOS has its leading partial document as document 0 (so `[a b BOS c]` -> `[0
 `[BOS a BOS b]` -> `[0 0 1 1]`). With `restart_at_documents=True` the token, intra and inter
 streams restart at every document start (BOS opens a new segment at intra 0, inter 0); the
 default (False) is the official BiPE behaviour, where BOS is an ordinary token.
+
+Fixed-length segments (`fixed_segment_length=K`, the separator rule `fixed:K`; BiPE's ablation):
+a boundary after every K-th token whatever the text, so intra = token % K and inter = token // K
+(the token stream, hence padding-free and restarting at documents like it). The separator table
+is then ignored.
+
+Hierarchy (`paragraph_table_V`, the third stream of hierarchical BiPE, docs/design.md): a
+paragraph separator (e.g. a newline piece) ends its paragraph and also its segment. Two more
+streams:
+  paragraph: the number of paragraph separators strictly before t (restarting at documents
+             when documents restart);
+  sentence:  the index of t's segment inside its paragraph (inter minus the segments of the
+             paragraphs before).
+Example with `.` a separator and `|` a paragraph separator: `[a . b | c . d]` -> intra
+`[0 1 0 1 0 1 0]`, inter `[0 0 1 1 2 2 3]`, paragraph `[0 0 0 0 1 1 1]`, sentence
+`[0 0 1 1 0 0 1]`. Without a paragraph table the row is one paragraph: paragraph 0 and
+sentence = inter.
 """
 
 from typing import Iterable, Optional
@@ -45,6 +62,8 @@ class BilevelPositions:
   inter: jax.Array  # int32, segment index
   document: jax.Array  # int32, packed-document index (0 when documents are not tracked)
   valid: jax.Array  # bool, False on padding
+  paragraph: Optional[jax.Array] = None  # int32, paragraph index (hierarchy; None: not given)
+  sentence: Optional[jax.Array] = None  # int32, segment index inside the paragraph
 
 
 def separator_table(vocab_size: int, separator_ids: Iterable[int]) -> np.ndarray:
@@ -108,13 +127,16 @@ class PositionCarry:
   doc_seps: jax.Array  # int32, separators before the last document start (0: none)
   first_is_doc: jax.Array  # int32, 1 if the row's first valid token starts a document, 0 if
   #                           not, -1 while no valid token has been seen
+  pars: jax.Array  # int32, paragraph separators before
+  par_mark: jax.Array  # int32, separators up to and including the last paragraph separator
+  doc_pars: jax.Array  # int32, paragraph separators before the last document start
 
   @classmethod
   def empty(cls, batch: int) -> 'PositionCarry':
     """The carry at the start of a row."""
     z = jnp.zeros((batch,), jnp.int32)
     return cls(valid=z, seps=z, last_sep=z - 1, docs=z, doc_count=z, doc_seps=z,
-               first_is_doc=z - 1)
+               first_is_doc=z - 1, pars=z, par_mark=z, doc_pars=z)
 
 
 def combine_carries(a: PositionCarry, b: PositionCarry) -> PositionCarry:
@@ -127,11 +149,17 @@ def combine_carries(a: PositionCarry, b: PositionCarry) -> PositionCarry:
       docs=a.docs + b.docs,
       doc_count=jnp.where(b_has_doc, a.valid + b.doc_count, a.doc_count),
       doc_seps=jnp.where(b_has_doc, a.seps + b.doc_seps, a.doc_seps),
-      first_is_doc=jnp.where(a.first_is_doc >= 0, a.first_is_doc, b.first_is_doc))
+      first_is_doc=jnp.where(a.first_is_doc >= 0, a.first_is_doc, b.first_is_doc),
+      pars=a.pars + b.pars,
+      par_mark=jnp.where(b.pars > 0, a.seps + b.par_mark, a.par_mark),
+      doc_pars=jnp.where(b_has_doc, a.pars + b.doc_pars, a.doc_pars))
 
 
-def _token_flags(tokens_BxT, separator_table_V, document_start_table_V, pad_id, valid_BxT):
-  """(valid, is_sep, is_doc or None), bool [B, T], after the input checks."""
+def _token_flags(tokens_BxT, separator_table_V, document_start_table_V, pad_id, valid_BxT,
+                 paragraph_table_V=None):
+  """(valid, is_sep, is_doc or None, is_par or None), bool [B, T], after the input checks.
+
+  A paragraph separator is also a separator."""
   tokens_BxT = jnp.asarray(tokens_BxT)
   if tokens_BxT.ndim != 2:
     raise ValueError(f'tokens must be [B, T], got shape {tokens_BxT.shape}.')
@@ -147,7 +175,11 @@ def _token_flags(tokens_BxT, separator_table_V, document_start_table_V, pad_id, 
   is_doc = None
   if document_start_table_V is not None:
     is_doc = _lookup(document_start_table_V, tokens_BxT) & valid
-  return valid, is_sep, is_doc
+  is_par = None
+  if paragraph_table_V is not None:
+    is_par = _lookup(paragraph_table_V, tokens_BxT) & valid
+    is_sep = is_sep | is_par
+  return valid, is_sep, is_doc, is_par
 
 
 def chunk_carry(tokens_BxT: jax.Array,
@@ -155,10 +187,12 @@ def chunk_carry(tokens_BxT: jax.Array,
                 *,
                 document_start_table_V=None,
                 pad_id: Optional[int] = None,
-                valid_BxT: Optional[jax.Array] = None) -> PositionCarry:
+                valid_BxT: Optional[jax.Array] = None,
+                paragraph_table_V=None) -> PositionCarry:
   """The summary of a chunk of rows [B, T]: the carry after it, starting from an empty one."""
-  valid, is_sep, is_doc = _token_flags(tokens_BxT, separator_table_V, document_start_table_V,
-                                       pad_id, valid_BxT)
+  valid, is_sep, is_doc, is_par = _token_flags(tokens_BxT, separator_table_V,
+                                               document_start_table_V, pad_id, valid_BxT,
+                                               paragraph_table_V)
   i32 = jnp.int32
   count = jnp.cumsum(valid.astype(i32), axis=1, dtype=i32) - 1
   seps_before = _exclusive_shift(jnp.cumsum(is_sep.astype(i32), axis=1, dtype=i32), 0)
@@ -171,10 +205,18 @@ def chunk_carry(tokens_BxT: jax.Array,
     doc_count = last(is_doc, count, 0)
     doc_seps = last(is_doc, seps_before, 0)
     first_is_doc = _first_valid_flag(valid, is_doc)
+  pars = par_mark = doc_pars = zeros
+  if is_par is not None:
+    pars = jnp.sum(is_par, axis=1, dtype=i32)
+    par_mark = last(is_par, seps_before + is_sep.astype(i32), 0)
+    if is_doc is not None:
+      doc_pars = last(is_doc, _exclusive_shift(jnp.cumsum(is_par.astype(i32), axis=1,
+                                                          dtype=i32), 0), 0)
   return PositionCarry(
       valid=jnp.sum(valid, axis=1, dtype=i32), seps=jnp.sum(is_sep, axis=1, dtype=i32),
       last_sep=last(is_sep, count, -1), docs=docs, doc_count=doc_count, doc_seps=doc_seps,
-      first_is_doc=jnp.where(jnp.any(valid, axis=1), first_is_doc, -1))
+      first_is_doc=jnp.where(jnp.any(valid, axis=1), first_is_doc, -1), pars=pars,
+      par_mark=par_mark, doc_pars=doc_pars)
 
 
 def _first_valid_flag(valid_BxT, flags_BxT) -> jax.Array:
@@ -190,7 +232,9 @@ def bilevel_positions(tokens_BxT: jax.Array,
                       pad_id: Optional[int] = None,
                       restart_at_documents: bool = False,
                       valid_BxT: Optional[jax.Array] = None,
-                      carry: Optional[PositionCarry] = None) -> BilevelPositions:
+                      carry: Optional[PositionCarry] = None,
+                      paragraph_table_V=None,
+                      fixed_segment_length: int = 0) -> BilevelPositions:
   """Computes the bilevel position streams of a batch of token ids.
 
   Args:
@@ -205,19 +249,29 @@ def bilevel_positions(tokens_BxT: jax.Array,
       prompts of different lengths); combined with `pad_id`.
     carry: optional `PositionCarry` of the tokens before these (the rows are then a chunk of
       longer rows, e.g. one context-parallel shard); None = the rows start here.
+    paragraph_table_V: optional [V] bool, True at paragraph-separator ids (the hierarchy's
+      third level; they also end segments). None: one paragraph (paragraph 0, sentence = inter).
+    fixed_segment_length: K > 0 cuts a segment every K tokens of the token stream (the
+      separator rule `fixed:K`; the separator table is ignored); 0 = separators.
 
   Returns:
     BilevelPositions with [B, T] int32 streams and the bool valid mask.
   """
   if restart_at_documents and document_start_table_V is None:
     raise ValueError('restart_at_documents=True needs document_start_table_V (the BOS ids).')
+  if fixed_segment_length < 0:
+    raise ValueError(f'fixed_segment_length must be >= 0, got {fixed_segment_length}.')
+  if fixed_segment_length and paragraph_table_V is not None:
+    raise ValueError('fixed-length segments (fixed_segment_length) and a paragraph table '
+                     'cannot be combined: paragraphs need text separators.')
   # An id beyond the table would silently be no separator: refused when the ids are concrete
   # (under jit it is not checked, and is no separator).
   input_checks.check_token_ids(tokens_BxT, np.shape(separator_table_V)[0],
                                'bilevel_positions tokens (beyond separator_table_V [V])',
                                valid_BxT)
-  valid, is_sep, is_doc = _token_flags(tokens_BxT, separator_table_V, document_start_table_V,
-                                       pad_id, valid_BxT)
+  valid, is_sep, is_doc, is_par = _token_flags(tokens_BxT, separator_table_V,
+                                               document_start_table_V, pad_id, valid_BxT,
+                                               paragraph_table_V)
   i32 = jnp.int32
   if carry is None:
     carry = PositionCarry.empty(valid.shape[0])
@@ -253,8 +307,24 @@ def bilevel_positions(tokens_BxT: jax.Array,
       token, inter = count, seps_before
       segment_open = last_sep
   intra = count - segment_open - 1
+  if fixed_segment_length:
+    intra, inter = token % fixed_segment_length, token // fixed_segment_length
+
+  paragraph, sentence = jnp.zeros_like(count), inter
+  if is_par is not None:
+    pars_before = before(carry.pars) + _exclusive_shift(
+        jnp.cumsum(is_par.astype(i32), axis=1, dtype=i32), 0)
+    # Separators up to the last paragraph separator before t: the segments of earlier paragraphs.
+    par_mark = jnp.maximum(before(carry.par_mark), _exclusive_shift(
+        jax.lax.cummax(jnp.where(is_par, seps_before + is_sep.astype(i32), 0), axis=1), 0))
+    paragraph, sentence = pars_before, seps_before - par_mark
+    if is_doc is not None and restart_at_documents:
+      doc_pars = jnp.maximum(before(carry.doc_pars),
+                             jax.lax.cummax(jnp.where(is_doc, pars_before, 0), axis=1))
+      paragraph = pars_before - doc_pars
+      sentence = seps_before - jnp.maximum(par_mark, doc_seps)
 
   zero = lambda x: jnp.where(valid, x, 0).astype(i32)
   return BilevelPositions(
       token=zero(token), intra=zero(intra), inter=zero(inter), document=zero(document),
-      valid=valid)
+      valid=valid, paragraph=zero(paragraph), sentence=zero(sentence))

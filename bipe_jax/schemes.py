@@ -4,7 +4,9 @@ Position streams (bipe_jax.positions): token (0..T-1), intra (offset in the segm
 (segment index). Hooks (docs/design.md):
   input      add an absolute embedding of a stream to the token embeddings
              ('none' | 'sinusoidal' | 'learned'), indexed by `input_stream`;
-  rotary     rotate q and k by a stream ('none' | 'token' | 'inter');
+  rotary     rotate q and k by a stream ('none' | 'token' | 'inter'), or by the two upper
+             levels of hierarchical BiPE ('hierarchical': sentence-in-paragraph and paragraph
+             indices on alternate frequencies, bipe_jax/encodings/hierarchical.py);
   bias       an additive [B, H, Q, K] logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5'),
              computed from `bias_stream` ('token' | 'inter');
   transform  a function of (scores, bias) over all heads ('none' | 'dape_v1' | 'dape_v2').
@@ -17,7 +19,7 @@ from typing import Dict, Tuple
 
 INPUT_KINDS = ('none', 'sinusoidal', 'learned')
 STREAMS = ('token', 'intra', 'inter')
-ROTARY_KINDS = ('none', 'token', 'inter')
+ROTARY_KINDS = ('none', 'token', 'inter', 'hierarchical')
 BIAS_KINDS = ('none', 'alibi', 'kerple', 'fire', 't5')
 TRANSFORM_KINDS = ('none', 'dape_v1', 'dape_v2')
 
@@ -31,7 +33,7 @@ class Scheme:
     input: absolute embedding added at the input ('none' | 'sinusoidal' | 'learned').
     input_stream: the stream indexing it ('token' | 'intra'); learned(token) uses the
       `abs_embed` table (size max_position), learned(intra) the `intra_embed` table (max_intra).
-    rotary: the stream RoPE rotates q and k by ('none' | 'token' | 'inter').
+    rotary: the stream RoPE rotates q and k by ('none' | 'token' | 'inter' | 'hierarchical').
     bias: additive logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5').
     bias_stream: the stream the bias is a function of ('token' | 'inter').
     transform: score transform over heads ('none' | 'dape_v1' | 'dape_v2').
@@ -70,8 +72,14 @@ class Scheme:
   def bilevel(self) -> bool:
     """Reads the segment streams (intra or inter): needs separator ids to cut the segments,
     and exports to the released BiPE format (its intra table, its separator ids)."""
-    return (self.input_stream == 'intra' and self.input != 'none' or self.rotary == 'inter'
+    return (self.input_stream == 'intra' and self.input != 'none'
+            or self.rotary in ('inter', 'hierarchical')
             or self.bias != 'none' and self.bias_stream == 'inter')
+
+  @property
+  def uses_paragraphs(self) -> bool:
+    """True for hierarchical BiPE: the model needs paragraph separators (a third level)."""
+    return self.rotary == 'hierarchical'
 
   @property
   def has_bias_or_transform(self) -> bool:
@@ -100,6 +108,7 @@ _SCHEMES: Tuple[Scheme, ...] = (
     _bipe('bipe_kerple', bias='kerple', bias_stream='inter'),
     _bipe('bipe_fire', bias='fire', bias_stream='inter'),
     _bipe('bipe_dape_kerple', bias='kerple', bias_stream='inter', transform='dape_v1'),
+    _bipe('bipe3_rope', rotary='hierarchical'),  # hierarchical BiPE (docs/design.md)
 )
 
 SCHEMES: Dict[str, Scheme] = {s.name: s for s in _SCHEMES}

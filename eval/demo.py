@@ -3,7 +3,7 @@ flag away: `make demo-all`) trained with one budget at a short length on the tin
 that length; one table side by side, the paper's claims checked, JSON, Markdown and a PNG.
 
   python eval/demo.py --output_dir=demo_out [--encodings=rope,bipe_rope,alibi,bipe_alibi]
-      [--steps=1500] [--cpu_devices=2] [--parallel=1] [--seq_len=64] [--multipliers=1,2,4,8,16] [--max_tokens=65536]
+      [--extra_protocols=last:256] [--steps=1500] [--cpu_devices=2] [--parallel=1] [--seq_len=64] [--multipliers=1,2,4,8,16] [--max_tokens=65536]
 
 Running it again reuses finished training runs in <output_dir>/runs/. All logic lives in
 bipe_jax.evaluation.demo.
@@ -38,6 +38,9 @@ _PARALLEL = flags.DEFINE_integer('parallel', _D.parallel,
 _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', _D.cpu_devices, 'Single-threaded CPU devices per training run (runs one '
     'at a time); 1 = one device using every core.')
+_EXTRA_PROTOCOLS = flags.DEFINE_string(
+    'extra_protocols', '', 'Comma-separated protocols the table is also printed under '
+    '(e.g. last:256; the demo\'s own is windows).')
 _DATA_DIR = flags.DEFINE_string('data_dir', _D.data_dir, 'Where the embedded corpus is built.')
 
 
@@ -51,7 +54,8 @@ def main(argv):
         multipliers=demo.parse_ints(_MULTIPLIERS.value, 'multipliers'),
         max_tokens=_MAX_TOKENS.value, parallel=_PARALLEL.value,
         cpu_devices=_CPU_DEVICES.value, data_dir=os.path.abspath(_DATA_DIR.value),
-        output_dir=os.path.abspath(_OUTPUT_DIR.value))
+        output_dir=os.path.abspath(_OUTPUT_DIR.value),
+        extra_protocols=demo.parse_names(_EXTRA_PROTOCOLS.value))
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

@@ -4,9 +4,12 @@
       --lengths=128,256,512,1024,2048 --output=results.json --plot=ppl.png
 
 Restores the latest (or --step) checkpoint of each workdir, scores the validation split of its
-dataset (or --dataset / --data_dir) cut into non-overlapping blocks of each length (the official
-protocol) or sliding windows (--protocol=sliding --stride=N), with blockwise attention so memory
-grows linearly with length. Prints a table per run and one side by side; writes JSON and a PNG.
+dataset (or --dataset / --data_dir) cut into windows by --protocol: windows (non-overlapping,
+every target scored: the official protocol), last:K (non-overlapping, only the last K targets of
+each: DAPE's), sliding:STRIDE (windows every STRIDE tokens scoring their last STRIDE), with
+blockwise attention so memory grows linearly with length. Prints a table per run and one side by
+side; writes JSON and a PNG. --per_position adds the mean loss at each window position to the
+JSON and plots it (--position_plot).
 All logic lives in bipe_jax.evaluation.
 """
 
@@ -25,10 +28,17 @@ _LENGTHS = flags.DEFINE_string('lengths', '128,256,512,1024,2048', 'Comma-separa
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
 _DATASET = flags.DEFINE_string('dataset', '', "Evaluate on this data.dataset instead of the run's.")
 _DATA_DIR = flags.DEFINE_string('data_dir', '', "data.data_dir override.")
-_PROTOCOL = flags.DEFINE_enum('protocol', 'blocks', ['blocks', 'sliding'],
-                              'blocks: non-overlapping blocks (official); sliding: windows '
-                              'scoring only their last --stride tokens.')
+_PROTOCOL = flags.DEFINE_string('protocol', 'windows',
+                                'windows (= blocks): non-overlapping, every target (official); '
+                                'last:K: only the last K targets of each window; '
+                                'sliding:STRIDE: windows every STRIDE tokens, scoring their last '
+                                'STRIDE (or sliding with --stride).')
 _STRIDE = flags.DEFINE_integer('stride', None, 'Tokens scored per window (--protocol=sliding).')
+_PER_POSITION = flags.DEFINE_bool('per_position', False,
+                                  'Also score the mean loss at each window position (JSON + '
+                                  'plot).')
+_POSITION_PLOT = flags.DEFINE_string('position_plot', 'positions.png',
+                                     'PNG of loss by position (with --per_position).')
 _MAX_TOKENS = flags.DEFINE_integer('max_tokens', None,
                                    'Cap the validation stream (once, same tokens for every length).')
 _TOKENS_PER_BATCH = flags.DEFINE_integer('tokens_per_batch', 16384, 'Tokens per forward pass.')
@@ -49,7 +59,8 @@ def main(argv):
       data_dir=_DATA_DIR.value, protocol=_PROTOCOL.value, stride=_STRIDE.value,
       max_tokens=_MAX_TOKENS.value, tokens_per_batch=_TOKENS_PER_BATCH.value,
       attention_impl=_ATTENTION.value, block_size=_BLOCK_SIZE.value, output=_OUTPUT.value,
-      plot=_PLOT.value, command=' '.join(['python eval/perplexity.py'] + sys.argv[1:]))
+      plot=_PLOT.value, per_position=_PER_POSITION.value,
+      position_plot=_POSITION_PLOT.value if _PER_POSITION.value else '', command=' '.join(['python eval/perplexity.py'] + sys.argv[1:]))
 
 
 if __name__ == '__main__':

@@ -8,7 +8,7 @@ from bipe_jax.config import ModelConfig
 from bipe_jax.schemes import SCHEME_NAMES, get_scheme
 
 # written out by hand from the kernels' contracts (attention/core.py, attention/pallas/)
-NO_BIAS = {'nope', 'sinusoidal', 'learned', 'rope', 'bipe_rope'}
+NO_BIAS = {'nope', 'sinusoidal', 'learned', 'rope', 'bipe_rope', 'bipe3_rope'}
 FUSED = NO_BIAS | {'alibi', 'bipe_alibi'}
 PALLAS = FUSED | {'kerple', 't5', 'bipe_kerple'}
 EXPECTED = {'auto': set(SCHEME_NAMES), 'dense': set(SCHEME_NAMES),

@@ -22,10 +22,12 @@ from tests.fixtures import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, SEP, BOS, PAD = 24, 3, 1, 0
+PARA = 2  # paragraph separator of hierarchical BiPE (bipe3_rope)
 T, CONTEXT = 64, 4  # 4 shards of 16 tokens
 ENCODINGS = {  # encoding -> attention_impl: every impl takes the gathered-keys path (blockwise
   #             runs as dense inside a shard for now: context_parallel.gathered_kv_attention)
-    'rope': 'dense', 'bipe_rope': 'blockwise', 'alibi': 'fused', 'bipe_alibi': 'blockwise'}
+    'rope': 'dense', 'bipe_rope': 'blockwise', 'alibi': 'fused', 'bipe_alibi': 'blockwise',
+    'bipe3_rope': 'blockwise'}
 
 
 def boundary_tokens(rows: int = 4, seed: int = 0) -> np.ndarray:
@@ -43,11 +45,16 @@ def boundary_tokens(rows: int = 4, seed: int = 0) -> np.ndarray:
   tokens[3, :18] = PAD  # a whole shard and more of leading padding
   tokens[3, [18, 40]] = BOS
   tokens[3, [shard * 2 - 1, 50]] = SEP
+  tokens[2, [shard - 1, 2 * shard + 3, 3 * shard]] = PARA  # paragraphs ending on shard edges
+  tokens[1, [2 * shard - 1, 40]] = PARA
   return tokens
 
 
-def _streams(p):
-  return np.stack([np.asarray(getattr(p, n)) for n in ('token', 'intra', 'inter', 'document')])
+def _streams(p, names=('token', 'intra', 'inter', 'document')):
+  return np.stack([np.asarray(getattr(p, n)) for n in names])
+
+
+_ALL_STREAMS = ('token', 'intra', 'inter', 'document', 'paragraph', 'sentence')
 
 
 @pytest.mark.parametrize('restart', [False, True])
@@ -94,6 +101,7 @@ def _model(encoding, impl, restart=False):
   cfg = config_lib.ModelConfig(
       vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=64,
       max_intra=T, max_position=T, train_length=T, separator_ids=(SEP,), bos_id=BOS,
+      paragraph_ids=(PARA,),
       pad_id=PAD, mask_across_documents=True, restart_at_documents=restart,
       position_encoding=encoding, attention_impl=impl, block_size=8)
   return model_lib.Transformer(config_lib.validate_model_config(cfg))
@@ -181,6 +189,20 @@ def run_cases() -> dict:
     out[f'positions_largest_gather/{name}'] = max(
         [0] + [size for size, _ in _all_gathers(fn.as_text())])
 
+  # Fixed-length segments (a K = 5 segment straddles every shard edge) and the hierarchy.
+  segments = {'fixed': dict(fixed_segment_length=5),
+              'paragraphs': dict(paragraph_table_V=positions.separator_table(VOCAB, (PARA,)))}
+  for label, extra in segments.items():
+    for r in (False, True):
+      want_s = _streams(positions.bilevel_positions(tokens, table, restart_at_documents=r,
+                                                    **extra, **kwargs), _ALL_STREAMS)
+      with train_state.mesh_context(meshes['c4']):
+        got_s = jax.jit(lambda t, r=r, extra=extra: context_parallel.global_positions(
+            t, table, restart_at_documents=r, **extra, **kwargs))(
+                jax.device_put(tokens, mesh_lib.batch_sharding(meshes['c4'])))
+      out[f'segments/{label}/restart={r}'] = float(np.max(np.abs(
+          _streams(got_s, _ALL_STREAMS) - want_s)))
+
   def record(key, loss, grads, compiled, want_loss, want_grads):
     out[f'loss/{key}'] = abs(float(loss) - float(want_loss))
     out[f'grads/{key}'] = _max_diff(grads, want_grads)
@@ -243,8 +265,11 @@ def cases() -> dict:
 def test_global_positions_equal_those_of_the_whole_rows(cases, mesh):
   for restart in (False, True):
     assert cases[f'positions/{mesh}/restart={restart}'] == 0
-  # Only the per-shard summaries travel: [C, B, 7] int32 at most, never a [B, T] array.
-  assert cases[f'positions_largest_gather/{mesh}'] <= CONTEXT * 4 * 7 < 4 * T
+    if mesh == 'c4':  # fixed-length segments and the hierarchy's streams, across shard edges
+      assert cases[f'segments/fixed/restart={restart}'] == 0
+      assert cases[f'segments/paragraphs/restart={restart}'] == 0
+  # Only the per-shard summaries travel: [C, B, 10] int32 at most, never a [B, T] array.
+  assert cases[f'positions_largest_gather/{mesh}'] <= CONTEXT * 4 * 10 < 4 * T
 
 
 @pytest.mark.slow  # the subprocess on 8 fake devices: make test, not make test-fast

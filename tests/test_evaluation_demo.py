@@ -148,9 +148,11 @@ def test_make_demo_dape_trains_the_kerple_trio_to_64x_in_its_own_folder():
   assert int(flags['steps']) == demo.DAPE_STEPS
   assert demo.parse_ints(flags['multipliers'], 'multipliers') == demo.DAPE_MULTIPLIERS
   assert max(demo.DAPE_MULTIPLIERS) == 64 and flags['output_dir'] == 'demo_dape_out'
-  assert set(flags) == {'output_dir', 'encodings', 'steps', 'multipliers'}  # else the demo's
+  assert demo.parse_names(flags['extra_protocols']) == ('last:256',)  # DAPE's protocol too
+  assert set(flags) == {'output_dir', 'encodings', 'steps', 'multipliers',
+                        'extra_protocols'}  # else the demo's
   plan = demo.DemoPlan(encodings=demo.DAPE_ENCODINGS, steps=demo.DAPE_STEPS,
-                       multipliers=demo.DAPE_MULTIPLIERS)
+                       multipliers=demo.DAPE_MULTIPLIERS, extra_protocols=('last:256',))
   plan.validate()  # 64x the demo's length fits the validation tokens it scores
   assert plan.lengths[-1] == 64 * plan.seq_len <= plan.max_tokens
   assert demo.DemoPlan().steps == 1500  # the BiPE demo's budget is unchanged
@@ -227,3 +229,32 @@ def test_sigterm_reaches_the_training_runs_and_no_new_run_starts(tmp_path, monke
   with pytest.raises(RuntimeError, match='stopped .SIGTERM. before training bipe_rope'):
     demo.train_run(plan, 'bipe_rope', log=lambda s: None)
   assert not os.path.exists(plan.workdir('bipe_rope'))
+
+
+def test_make_demo_segments_runs_natural_fixed_and_hierarchical_bipe():
+  """`make demo-segments`: bipe_rope on natural segments, on fixed-length ones of the corpus's
+  mean length (resolved at start), and hierarchical BiPE, in the demo's budget."""
+  from bipe_jax.evaluation import segment_runs  # pylint: disable=g-import-not-at-top
+  (cmd,) = _makefile_recipes()['demo-segments']
+  flags = dict(a[2:].split('=', 1) for a in cmd.split() if a.startswith('--'))
+  labels = demo.parse_names(flags['encodings'])
+  assert labels == ('bipe_rope', 'bipe_rope@fixed:auto', 'bipe3_rope')
+  assert set(flags) == {'output_dir', 'encodings'}  # the demo's own budget and protocol
+  plan = demo.DemoPlan(encodings=segment_runs.resolve_auto(labels, 12))
+  plan.validate()
+  command = plan.train_command('bipe_rope@fixed:12')
+  assert command[-1] == '--config.model.separators=fixed:12'
+  assert '--config.model.position_encoding=bipe_rope' in command
+  assert f'--workdir={plan.workdir("bipe_rope@fixed:12")}' in command
+  assert plan.workdir('bipe_rope@fixed:12').endswith('/runs/bipe_rope-fixed12')
+  for bad in ('bipe_rope@fixed:x', 'nope_x@sentence', 'bipe_rope@words'):
+    with pytest.raises(ValueError):
+      demo.DemoPlan(encodings=(bad,)).validate()
+
+
+def test_mean_segment_length_hand_example():
+  from bipe_jax.evaluation import segment_runs  # pylint: disable=g-import-not-at-top
+  # 10 tokens, separators 3 and 4 at three places: 10 / 3 tokens per segment.
+  assert segment_runs.mean_segment_length([[5, 3, 5, 5, 4], [5, 5, 5, 3, 5]], (3, 4)) == 10 / 3
+  with pytest.raises(ValueError, match='no separator'):
+    segment_runs.mean_segment_length([5, 5], (3,))

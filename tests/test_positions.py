@@ -159,5 +159,5 @@ def test_is_a_pytree_through_jit():
   tokens = jnp.array([[2, SEP, 3, 4], [SEP, SEP, 2, 3]])
   out = jax.jit(lambda t: P.bilevel_positions(t, P.separator_table(VOCAB, [SEP])))(tokens)
   leaves = jax.tree_util.tree_leaves(out)
-  assert len(leaves) == 5
+  assert len(leaves) == 7  # token, intra, inter, document, valid, paragraph, sentence
   np.testing.assert_array_equal(out.inter, [[0, 0, 1, 1], [0, 1, 2, 2]])

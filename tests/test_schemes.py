@@ -8,7 +8,7 @@ from bipe_jax import schemes
 from bipe_jax.schemes import SCHEME_NAMES, Scheme, get_scheme
 
 # the schemes that read segments (the paper's BiPE family), written out by hand
-BILEVEL = {'bipe_rope', 'bipe_alibi', 'bipe_kerple', 'bipe_fire', 'bipe_dape_kerple'}
+BILEVEL = {'bipe_rope', 'bipe_alibi', 'bipe_kerple', 'bipe_fire', 'bipe_dape_kerple', 'bipe3_rope'}
 
 # name -> (input, input_stream, rotary, bias, bias_stream, transform), written out by hand from
 # the papers' descriptions (docs/design.md) (input_stream / bias_stream only where they matter).
@@ -30,12 +30,13 @@ EXPECTED = {
     'bipe_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'none'),
     'bipe_fire': ('learned', 'intra', 'none', 'fire', 'inter', 'none'),
     'bipe_dape_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'dape_v1'),
+    'bipe3_rope': ('learned', 'intra', 'hierarchical', 'none', None, 'none'),
 }
 
 
 def test_names_are_exactly_the_spec_list():
   assert SCHEME_NAMES == tuple(EXPECTED)
-  assert len(set(SCHEME_NAMES)) == 17
+  assert len(set(SCHEME_NAMES)) == 18
 
 
 @pytest.mark.parametrize('name', SCHEME_NAMES)
@@ -50,6 +51,7 @@ def test_hooks(name):
     assert s.bias_stream == bias_stream
   assert s.uses_learned_intra == (name in BILEVEL)
   assert s.bilevel == (name in BILEVEL)
+  assert s.uses_paragraphs == (name == 'bipe3_rope')
   assert s.uses_learned_absolute == (name == 'learned')
   assert s.has_bias_or_transform == (bias != 'none')
   assert s.alibi_slope_factor == (96.0 if name == 'bipe_alibi' else 1.0)

@@ -7,8 +7,8 @@ more than their own tokens, and both run inside `jax.shard_map` here:
 Positions (`global_positions`). Bilevel streams are prefix counts over the whole row: a shard's
 segment index needs the separators of every shard before it, its first intra offsets the last
 separator before it (possibly several shards back), its document ids the document starts before
-it. Each shard summarises its tokens in a `positions.PositionCarry` (7 int32 per row), the
-summaries are all-gathered over `context` ([C, B, 7] integers, never the tokens), each shard
+it. Each shard summarises its tokens in a `positions.PositionCarry` (10 int32 per row), the
+summaries are all-gathered over `context` ([C, B, 10] integers, never the tokens), each shard
 folds those of the shards before it into its carry, and computes its streams with
 `positions.bilevel_positions(..., carry=...)`: exactly the streams of the full row.
 
@@ -73,7 +73,8 @@ def _axes_dividing(mesh, names, *sizes) -> Optional[tuple]:
 
 def global_positions(tokens_BxT: jax.Array, separator_table_V, *, document_start_table_V=None,
                      pad_id: Optional[int] = None, restart_at_documents: bool = False,
-                     valid_BxT: Optional[jax.Array] = None) -> positions_lib.BilevelPositions:
+                     valid_BxT: Optional[jax.Array] = None, paragraph_table_V=None,
+                     fixed_segment_length: int = 0) -> positions_lib.BilevelPositions:
   """`positions.bilevel_positions` of rows whose T axis is sharded over the context axis.
 
   Same arguments and result (every stream [B, T], sharded like the tokens); call it under a
@@ -82,7 +83,8 @@ def global_positions(tokens_BxT: jax.Array, separator_table_V, *, document_start
   mesh = _mesh()
   b = tokens_BxT.shape[0]
   spec = P(_axes_dividing(mesh, _ROW_AXES, b), CONTEXT_AXIS)
-  tables = dict(document_start_table_V=document_start_table_V, pad_id=pad_id)
+  tables = dict(document_start_table_V=document_start_table_V, pad_id=pad_id,
+                paragraph_table_V=paragraph_table_V)
 
   def local(tokens_bxt, valid_bxt):
     summary = positions_lib.chunk_carry(tokens_bxt, separator_table_V, valid_BxT=valid_bxt,
@@ -97,7 +99,7 @@ def global_positions(tokens_BxT: jax.Array, separator_table_V, *, document_start
     carry = jax.tree.map(lambda x: x[jax.lax.axis_index(CONTEXT_AXIS)], stacked)
     return positions_lib.bilevel_positions(
         tokens_bxt, separator_table_V, restart_at_documents=restart_at_documents,
-        valid_BxT=valid_bxt, carry=carry, **tables)
+        valid_BxT=valid_bxt, carry=carry, fixed_segment_length=fixed_segment_length, **tables)
 
   if valid_BxT is None:
     fn = jax.shard_map(lambda t: local(t, None), in_specs=spec, out_specs=spec)

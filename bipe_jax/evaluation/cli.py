@@ -73,7 +73,7 @@ def resolve_output(output: str, workdirs, name: str) -> str:
 def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', protocol='blocks',
                     stride=None, max_tokens=None, tokens_per_batch=16384,
                     attention_impl=runs_lib.EVAL_ATTENTION_IMPL, block_size=0,
-                    output=AUTO_OUTPUT, plot='',
+                    output=AUTO_OUTPUT, plot='', per_position=False, position_plot='',
                     command='') -> int:
   output = resolve_output(output, workdirs, 'perplexity.json')
   try:
@@ -96,7 +96,7 @@ def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', pr
       results = sweep.evaluate_run(
           run, lengths, protocol=protocol, stride=stride, max_tokens=max_tokens,
           tokens_per_batch=tokens_per_batch, data_config=data_config_for(run, dataset, data_dir),
-          progress_factory=_tqdm_factory(run.encoding))
+          progress_factory=_tqdm_factory(run.encoding), per_position=per_position)
       entries.append(sweep.run_entry(label, run, results))
       all_results.append(results)
       print(ppl.format_table({f'{label} ({w}, {time.perf_counter() - start:.0f} s)': results}),
@@ -115,6 +115,9 @@ def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', pr
     print(f'wrote {sweep.write_json(document, output)}')
   if plot:
     print(f'wrote {sweep.plot_document(document, plot)}')
+  if per_position and position_plot:
+    from bipe_jax.evaluation import position_plot as position_plot_lib  # pylint: disable=g-import-not-at-top
+    print(f'wrote {position_plot_lib.plot_document_positions(document, position_plot)}')
   return 0
 
 

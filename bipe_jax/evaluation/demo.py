@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Sequence
 
+from bipe_jax.evaluation import segment_runs
 from bipe_jax.runs import run_logging
 from bipe_jax.kernels import cpu_devices
 
@@ -85,6 +86,9 @@ class DemoPlan:
   multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)
   max_tokens: int = 65536  # validation tokens scored at every length
   config: str = 'configs/tiny.py'
+  # Protocols the table is also printed under (bipe_jax/evaluation/protocols.py), e.g.
+  # ('last:256',) for DAPE's; the demo's own protocol stays 'windows' (the official one).
+  extra_protocols: tuple[str, ...] = ()
   data_dir: str = 'data_cache'
   output_dir: str = 'demo_out'
 
@@ -115,14 +119,19 @@ class DemoPlan:
     return [self.seq_len * m for m in self.multipliers]
 
   def workdir(self, encoding: str) -> str:
-    return os.path.join(self.output_dir, 'runs', encoding)
+    return os.path.join(self.output_dir, 'runs', segment_runs.label_dirname(encoding))
 
   def train_command(self, encoding: str) -> list[str]:
+    """The training command of a run label ('bipe_rope', or 'bipe_rope@fixed:12' with a
+    separator rule: bipe_jax/evaluation/segment_runs.py)."""
     steps = self.steps
     longest = max(self.lengths)
+    workdir = self.workdir(encoding)
+    encoding, rule = segment_runs.split_label(encoding)
+    rule_flags = [f'--config.model.separators={rule}'] if rule else []
     return [
         sys.executable, TRAIN_SCRIPT, f'--config={os.path.join(ROOT, self.config)}',
-        f'--workdir={self.workdir(encoding)}',
+        f'--workdir={workdir}',
         f'--cpu_devices={self.devices_per_run}',
         f'--config.model.position_encoding={encoding}',
         f'--config.data.seq_len={self.seq_len}',
@@ -136,14 +145,15 @@ class DemoPlan:
         f'--config.train.warmup_steps={self.warmup_steps}',
         f'--config.train.log_every={max(1, steps // 5)}',
         f'--config.checkpoint.every_steps={steps}',
-    ]
+    ] + rule_flags
 
   def validate(self) -> None:
     from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
-    bad = [e for e in self.encodings if e not in schemes.SCHEME_NAMES]
-    if bad or not self.encodings:
-      raise ValueError(f'--encodings: {bad or "(none)"} not valid; allowed: '
+    if not self.encodings:
+      raise ValueError(f'--encodings: (none) not valid; allowed: '
                        f'{", ".join(schemes.SCHEME_NAMES)}')
+    for label in self.encodings:
+      segment_runs.check_label(label, schemes.SCHEME_NAMES)
     for name in ('seq_len', 'steps', 'batch_size', 'max_tokens', 'parallel', 'cpu_devices'):
       if getattr(self, name) < (2 if name == 'seq_len' else 1):
         raise ValueError(f'--{name}={getattr(self, name)}: must be positive')
@@ -154,6 +164,9 @@ class DemoPlan:
       raise ValueError(f'--learning_rate={self.learning_rate}: must be in (0, 1)')
     if not self.multipliers or min(self.multipliers) < 1:
       raise ValueError(f'--multipliers={self.multipliers}: positive integers, e.g. 1,2,4,8,16')
+    from bipe_jax.evaluation import protocols  # pylint: disable=g-import-not-at-top
+    for text in self.extra_protocols:
+      protocols.parse(text)
     if self.max_tokens < max(self.lengths):
       raise ValueError(f'--max_tokens={self.max_tokens} is smaller than the longest length '
                        f'{max(self.lengths)}')
@@ -171,7 +184,8 @@ def _finished_step(workdir: str) -> int:
 def step_cost(encoding: str) -> float:
   """An encoding's training step relative to a plain one's, for the estimate."""
   from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
-  return TRANSFORM_STEP_COST if schemes.get_scheme(encoding).transform != 'none' else 1.0
+  scheme = schemes.get_scheme(segment_runs.split_label(encoding)[0])
+  return TRANSFORM_STEP_COST if scheme.transform != 'none' else 1.0
 
 
 def estimate_seconds(plan: DemoPlan, data_ready: bool) -> float:
@@ -313,6 +327,12 @@ def markdown_report(plan: DemoPlan, document: dict, *, command: str, wall_second
   timing = ', '.join(f'{k} {trained(k)} + eval {eval_seconds[k]:.0f} s' for k in train_seconds)
   comparison = paper_comparison(plan, {k: {r.length: r.perplexity for r in v}
                                        for k, v in results.items()})
+  extra_tables = []
+  for text, by_encoding in document.get('extra_protocols', {}).items():
+    rows = {e: [ppl.LengthResult(r['length'], r['blocks'], r['tokens'], r['nll_sum'])
+                for r in rs] for e, rs in by_encoding.items()}
+    extra_tables += ['', f'The same runs under protocol `{text}` '
+                     '(bipe_jax/evaluation/protocols.py):', '', ppl.format_markdown(rows)]
   return '\n'.join([
       f'# Demo results ({document["date"]})',
       '',
@@ -326,12 +346,15 @@ def markdown_report(plan: DemoPlan, document: dict, *, command: str, wall_second
       f'(official protocol; "tokens scored" = targets per length). Perplexity (lower is better):',
       '',
       ppl.format_markdown(results),
+      *extra_tables,
       '',
       'The paper\'s claims at this scale:',
       '',
       *(f'- {line}' for line in comparison or ['(no BiPE / baseline pair was run)']),
       '',
       '![perplexity vs length](ppl.png)',
+      '',
+      '![loss by token position at the longest length](positions.png)',
       '',
   ])
 
@@ -360,6 +383,7 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
   from bipe_jax.evaluation import perplexity as ppl  # pylint: disable=g-import-not-at-top
   from bipe_jax.runs import restore as runs_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import sweep  # pylint: disable=g-import-not-at-top
+  from bipe_jax.evaluation import position_plot  # pylint: disable=g-import-not-at-top
 
   data_config = defaults.data_defaults()
   data_config.data_dir = plan.data_dir
@@ -375,8 +399,16 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
   prepared = data.prepare(data_config)
   log(f'demo: embedded corpus and tokenizer ready in {time.perf_counter() - start:.0f} s '
       f'({prepared.version_dir})')
+  if any(segment_runs.split_label(e)[1] == segment_runs.AUTO_FIXED for e in plan.encodings):
+    mean = segment_runs.corpus_mean_segment_length(data_config)
+    plan = dataclasses.replace(plan, encodings=segment_runs.resolve_auto(
+        plan.encodings, max(1, round(mean))))
+    log(f'demo: the corpus\'s mean segment length (sentence rule, train split) is {mean:.2f} '
+        f'tokens: {segment_runs.AUTO_FIXED} -> fixed:{max(1, round(mean))} '
+        f'({", ".join(plan.encodings)})')
 
   train_seconds, eval_seconds, entries, tables = {}, {}, [], {}
+  extra = {text: {} for text in plan.extra_protocols}  # protocol -> encoding -> results
   with concurrent.futures.ThreadPoolExecutor(max_workers=plan.parallel) as pool:
     futures = {e: pool.submit(train_run, plan, e, log) for e in plan.encodings}
     for encoding, future in futures.items():
@@ -385,7 +417,11 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
     start = time.perf_counter()
     run = runs_lib.load_run(plan.workdir(encoding))
     results = sweep.evaluate_run(run, plan.lengths, max_tokens=plan.max_tokens,
-                                 data_config=data_config)
+                                 data_config=data_config, per_position=True)
+    for text in plan.extra_protocols:
+      extra[text][encoding] = sweep.evaluate_run(run, plan.lengths, protocol=text,
+                                                 max_tokens=plan.max_tokens,
+                                                 data_config=data_config)
     eval_seconds[encoding] = time.perf_counter() - start
     log(f'[{encoding}] evaluated step {run.step} at lengths {plan.lengths[0]}..'
         f'{plan.lengths[-1]} in {eval_seconds[encoding]:.0f} s: perplexity '
@@ -403,9 +439,14 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
   document['expected_seconds'] = expected
   document['train_seconds'] = train_seconds
   document['eval_seconds'] = eval_seconds
+  document['extra_protocols'] = {
+      text: {e: [r.to_dict() for r in rows] for e, rows in by_encoding.items()}
+      for text, by_encoding in extra.items()}
   os.makedirs(plan.output_dir, exist_ok=True)
   sweep.write_json(document, os.path.join(plan.output_dir, 'results.json'))
   sweep.plot_document(document, os.path.join(plan.output_dir, 'ppl.png'))
+  position_plot.plot_document_positions(document, os.path.join(plan.output_dir,
+                                                               'positions.png'))
   report = markdown_report(plan, document, command=command, wall_seconds=wall,
                            train_seconds=train_seconds, eval_seconds=eval_seconds)
   with open(os.path.join(plan.output_dir, 'DEMO_RESULTS.md'), 'w', encoding='utf-8') as f:
@@ -413,11 +454,16 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
   log('')
   log(f'perplexity by evaluation length (trained at {plan.seq_len}; lower is better):')
   log(ppl.format_table(tables))
+  for text, by_encoding in extra.items():
+    log('')
+    log(f'the same, protocol {text} (bipe_jax/evaluation/protocols.py):')
+    log(ppl.format_table(by_encoding))
   log('')
   for line in document['paper_comparison']:
     log(f'paper claim: {line}')
   log(f'demo: done in {wall / 60:.1f} min (expected {expected / 60:.0f}); wrote '
       f'{plan.output_dir}/results.json, {plan.output_dir}/ppl.png, '
+      f'{plan.output_dir}/positions.png (loss by position), '
       f'{plan.output_dir}/DEMO_RESULTS.md ({datetime.date.today().isoformat()})')
   return document
 

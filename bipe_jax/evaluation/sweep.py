@@ -1,8 +1,10 @@
 """Perplexity of restored runs at several evaluation lengths, and the results file.
 
 Every length scores the same validation stream (capped once with `max_tokens`), cut into
-non-overlapping blocks of that length (protocol 'blocks', the official one) or into sliding
-windows scoring only the last `stride` tokens of each (protocol 'sliding').
+windows by a protocol (bipe_jax/evaluation/protocols.py): non-overlapping windows, every target
+scored ('windows' = 'blocks', the official one), only their last K ('last:K', DAPE's), or
+sliding windows scoring only their last STRIDE tokens ('sliding:STRIDE', or 'sliding' with
+`stride`). With `per_position`, each result also holds the loss at every window position.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import jax
 import numpy as np
 
 from bipe_jax.evaluation import perplexity as ppl
+from bipe_jax.evaluation import protocols as protocols_lib
 from bipe_jax.runs import restore as runs_lib
 
-PROTOCOLS = ('blocks', 'sliding')
+PROTOCOLS = ('blocks', 'windows', 'last:K', 'sliding:STRIDE', 'sliding')  # see protocols.py
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -37,22 +40,24 @@ def parse_lengths(text: str) -> list[int]:
   return sorted(set(out))
 
 
-def check_protocol(protocol: str, stride: int | None) -> None:
-  if protocol not in PROTOCOLS:
-    raise ValueError(f'--protocol={protocol!r}: allowed {PROTOCOLS}')
+def check_protocol(protocol: str, stride: int | None) -> protocols_lib.Protocol:
+  """The parsed protocol; ValueError naming a bad one (e.g. 'sliding' without --stride)."""
   if protocol == 'sliding' and not (stride and stride > 0):
-    raise ValueError('--protocol=sliding needs --stride > 0 (tokens scored per window)')
+    raise ValueError('--protocol=sliding needs --stride > 0 (tokens scored per window), or '
+                     'write --protocol=sliding:STRIDE')
+  return protocols_lib.parse(protocol, stride)
 
 
 def eval_blocks(data_config, length: int, *, protocol: str = 'blocks', stride: int | None = None,
                 max_tokens: int | None = None):
-  """(tokens [N, length], target_mask [N, length]) from the data pipeline's validation split."""
+  """(tokens [N, length], target_mask [N, length]) from the data pipeline's validation split,
+  the targets those the protocol scores."""
   from bipe_jax import data  # pylint: disable=g-import-not-at-top
-  check_protocol(protocol, stride)
-  if protocol == 'sliding' and stride >= length:
-    raise ValueError(f'--stride={stride} must be smaller than the length {length}')
-  return data.make_eval_blocks(data_config, length, split='validation', max_tokens=max_tokens,
-                               stride=stride if protocol == 'sliding' else None)
+  parsed = check_protocol(protocol, stride)
+  parsed.check_length(length)
+  tokens, mask = data.make_eval_blocks(data_config, length, split='validation',
+                                       max_tokens=max_tokens, stride=protocols_lib.stride(parsed))
+  return tokens, protocols_lib.restrict_targets(mask, parsed)
 
 
 def common_targets(mask_NxL: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
@@ -78,29 +83,31 @@ def evaluate_run(run: runs_lib.Run, lengths: Sequence[int], *, protocol: str = '
                  stride: int | None = None, max_tokens: int | None = None,
                  tokens_per_batch: int = 16384, data_config=None,
                  progress_factory: Callable[[int, int], Callable[[int], None]] | None = None,
-                 on_result: Callable[[ppl.LengthResult], None] | None = None
-                 ) -> list[ppl.LengthResult]:
+                 on_result: Callable[[ppl.LengthResult], None] | None = None,
+                 per_position: bool = False) -> list[ppl.LengthResult]:
   """LengthResult per length for one restored run.
 
   data_config: the validation data (default: the run's own config.data). progress_factory:
   (length, num_blocks) -> progress callback; on_result is called after each length.
+  per_position: also score the mean loss at each window position (LengthResult.position_nll).
   """
   data_config = data_config if data_config is not None else run.config.data
   apply_fn = run.apply_fn()
   results = []
-  if protocol == 'blocks':  # one stream, a multiple of the longest length, for every length
+  common = check_protocol(protocol, stride).same_targets_at_every_length
+  if common:  # one stream, a multiple of the longest length, for every length
     longest, _ = eval_blocks(data_config, max(lengths), max_tokens=max_tokens)
     max_tokens = longest.size
   with run.context():
     for length in lengths:
       tokens, mask = eval_blocks(data_config, length, protocol=protocol, stride=stride,
                                  max_tokens=max_tokens)
-      if protocol == 'blocks':
+      if common:
         mask = common_targets(mask, lengths)
       progress = progress_factory(length, tokens.shape[0]) if progress_factory else None
       result = ppl.score_blocks(apply_fn, run.params, tokens, mask,
                                 batch_size=max(1, tokens_per_batch // length), mesh=run.mesh,
-                                progress=progress)
+                                progress=progress, per_position=per_position)
       results.append(result)
       if on_result:
         on_result(result)

@@ -43,7 +43,8 @@ def inter_stats(model_config, tokens_NxL) -> dict:
   pos = positions_lib.bilevel_positions(
       tokens, sep, document_start_table_V=docs,
       pad_id=model_config.pad_id if model_config.pad_id >= 0 else None,
-      restart_at_documents=model_config.restart_at_documents)
+      restart_at_documents=model_config.restart_at_documents,
+      fixed_segment_length=model_config.fixed_segment_length)
   inter = np.asarray(pos.inter)
   row_max = inter.max(axis=1)
   return {'length': int(tokens.shape[1]), 'rows': int(tokens.shape[0]),

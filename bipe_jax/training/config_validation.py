@@ -190,10 +190,18 @@ def resolve_model_config(config, tokenizer) -> model_config_lib.ModelConfig:
         f'{getattr(tokenizer, "path", "")} (vocab_size {vocab}): allowed model.vocab_size={vocab}'
         f' (or a tokenizer with that vocabulary, data.tokenizer_vocab_size)')
   mode = config.model.separators
-  if mode not in model_config_lib.SEPARATOR_MODES:
+  try:
+    fixed = model_config_lib.fixed_segment_length(mode)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if mode not in model_config_lib.SEPARATOR_MODES and not fixed:
     raise ConfigError(f'model.separators={mode!r} is invalid: must be one of '
-                      f'{model_config_lib.SEPARATOR_MODES}')
-  if mode != 'ids':
+                      f"{model_config_lib.SEPARATOR_MODES} or 'fixed:K'")
+  _resolve_paragraph_ids(config, tokenizer)
+  if fixed:  # segments of K tokens: no separator ids
+    with config.unlocked() if hasattr(config, 'unlocked') else _null():
+      config.model.separator_ids = ()
+  elif mode != 'ids':
     rule = mode
     if mode == 'auto':  # the dataset's kind decides: newlines for code, sentences for text
       from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
@@ -208,6 +216,23 @@ def resolve_model_config(config, tokenizer) -> model_config_lib.ModelConfig:
     return model_config_lib.model_config_from_dict(config.model, inter_length_later=True)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+
+
+def _resolve_paragraph_ids(config, tokenizer) -> None:
+  """Fills model.paragraph_ids of a hierarchical scheme (bipe3_rope) left empty with the
+  tokenizer's newline pieces (a line is a paragraph); ConfigError when it has none."""
+  from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
+  if not schemes.get_scheme(config.model.position_encoding).uses_paragraphs:
+    return
+  if config.model.get('paragraph_ids'):
+    return
+  ids = tuple(int(i) for i in tokenizer.separator_ids('newline'))
+  if not ids:
+    raise ConfigError(f'model.paragraph_ids is empty and the tokenizer '
+                      f'{getattr(tokenizer, "path", "")} has no newline piece to end a paragraph:'
+                      f' give model.paragraph_ids')
+  with config.unlocked() if hasattr(config, 'unlocked') else _null():
+    config.model.paragraph_ids = ids
 
 
 class _null:
