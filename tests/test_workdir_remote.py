@@ -105,9 +105,50 @@ def test_metrics_and_tensorboard_events_are_written_to_the_bucket(bucket, capsys
                                   peak_flops=0.0, log_every=1, enabled=True)
   again.record(4, {'loss': 0.5, 'grad_norm': 1.0, 'learning_rate': 1e-3})
   again.close()
-  assert [json.loads(l)['step'] for l in _text(bucket, 'metrics.jsonl').splitlines()] == [
-      1, 2, 3, 3, 4]
+  # ... in a new part: the first object is not written again
+  assert [json.loads(l)['step'] for l in _text(bucket, 'metrics.jsonl.000001').splitlines()] == [4]
+  assert [json.loads(l)['step'] for l in workdir_io.read_appended(
+      f'{RUN}/metrics.jsonl').splitlines()] == [1, 2, 3, 3, 4]
+  # a resume from step 2 drops steps 3 and 4: only the parts that held them are rewritten
+  resumed = progress.ProgressLogger(RUN, total_steps=4, tokens_per_step=8, flops_per_token=1.0,
+                                    peak_flops=0.0, log_every=1, enabled=True)
+  assert resumed.forget_after(2) == 3
+  resumed.close()
+  assert [json.loads(l)['step'] for l in workdir_io.read_appended(
+      f'{RUN}/metrics.jsonl').splitlines()] == [1, 2]
   capsys.readouterr()
+
+
+def test_an_appended_object_is_written_in_parts_never_whole(bucket):
+  path = f'{RUN}/log.txt'
+  out = workdir_io.ChunkedAppender(path, chunk_bytes=10)
+  writes = []
+  original = workdir_io.epath.Path.write_bytes
+  def spy(self, data):  # records (object, size) of every object write
+    writes.append((os.fspath(self), len(data)))
+    return original(self, data)
+  workdir_io.epath.Path.write_bytes = spy
+  try:
+    for i in range(7):
+      out.write(f'line {i}\n')  # 7 bytes each
+      out.flush()
+    out.close()
+  finally:
+    workdir_io.epath.Path.write_bytes = original
+  assert workdir_io.read_appended(path) == ''.join(f'line {i}\n' for i in range(7))
+  assert workdir_io.appended_parts(path) == [path] + [f'{path}.{k:06d}' for k in (1, 2, 3)]
+  assert max(size for _, size in writes) == 14  # never more than one part (< 2 lines)
+  assert [name for name, _ in writes].count(path) == 2  # part 0 written twice, then closed
+  # a new appender (a resumed run) starts a new part; min_interval_s holds flushes back
+  again = workdir_io.ChunkedAppender(path, min_interval_s=3600)
+  again.write('first\n')
+  again.flush()  # written: nothing written yet by this appender
+  again.write('second\n')
+  again.flush()  # held back
+  assert workdir_io.read_appended(path).endswith('first\n')
+  again.close()
+  assert workdir_io.appended_parts(path)[-1] == f'{path}.000004'
+  assert workdir_io.read_appended(path).endswith('first\nsecond\n')
 
 
 def test_the_tokenizer_copy_is_pinned_in_the_bucket_and_loads_from_it(bucket, tmp_path):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -38,6 +37,7 @@ import ml_collections
 import numpy as np
 
 from bipe_jax import config as model_config_lib
+from bipe_jax import workdir_io
 from bipe_jax.interop import hf_files
 from bipe_jax.interop import hf_llama
 
@@ -198,19 +198,18 @@ def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None) -> s
   params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), run.params)
   hf_files.write_hf_folder(hf_dir, hf, hf_llama.hf_weights_from_params(params, fields))
   tokenizer = run.config.data.get('tokenizer_path', '')  # the run's own copy (load_run)
-  if tokenizer and os.path.isfile(tokenizer):
-    shutil.copyfile(tokenizer, os.path.join(hf_dir, 'tokenizer.model'))
+  if tokenizer and workdir_io.isfile(tokenizer):
+    workdir_io.copy_file(tokenizer, os.path.join(hf_dir, 'tokenizer.model'))
   return hf_dir
 
 
 def detect_direction(src: str) -> str:
   """'hf_to_bipe' or 'bipe_to_hf' from what `src` holds; ValueError if neither."""
   path = os.path.join(src, 'config.json')
-  if not os.path.isfile(path):
+  config = workdir_io.read_json(path)  # a local folder or gs://...
+  if config is None:
     raise ValueError(f'--from {src!r} has no config.json: give a Hugging Face model folder or a '
                      'bipe_jax workdir')
-  with open(path, encoding='utf-8') as f:
-    config = json.load(f)
   if 'model' in config and isinstance(config['model'], dict):
     return 'bipe_to_hf'
   if 'hidden_size' in config:
@@ -253,7 +252,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help='bipe->HF: checkpoint step to export (default: the latest)')
   args = parser.parse_args(argv)
   try:
-    if os.path.exists(args.dst) and not os.path.isdir(args.dst):
+    if workdir_io.isfile(args.dst):
       raise ValueError(f'--to {args.dst!r} is a file, not a directory')
     direction = detect_direction(args.src)
     if direction == 'hf_to_bipe':

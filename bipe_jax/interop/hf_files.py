@@ -89,10 +89,12 @@ def read_hf_weights(folder: str) -> Dict[str, np.ndarray]:
 
 
 def write_hf_folder(folder: str, hf_config: dict, weights: Dict[str, np.ndarray]) -> None:
-  """Writes `config.json` and one `model.safetensors` (tensors made contiguous)."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  os.makedirs(folder, exist_ok=True)
-  with open(os.path.join(folder, CONFIG_NAME), 'w') as f:
-    json.dump(hf_config, f, indent=2, sort_keys=True)
+  """Writes `config.json` and one `model.safetensors` (tensors made contiguous) into `folder`
+  (a local folder or gs://..., through bipe_jax.workdir_io)."""
+  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+  from bipe_jax import workdir_io  # pylint: disable=g-import-not-at-top
+  workdir_io.write_text_atomic(os.path.join(folder, CONFIG_NAME),
+                               json.dumps(hf_config, indent=2, sort_keys=True))
   tensors = {k: np.ascontiguousarray(v) for k, v in weights.items()}
-  save_file(tensors, os.path.join(folder, SAFETENSORS_NAME), metadata={'format': 'pt'})
+  workdir_io.write_bytes_atomic(os.path.join(folder, SAFETENSORS_NAME),
+                                save(tensors, metadata={'format': 'pt'}))

@@ -4,9 +4,9 @@ Exit codes: 0 the training (and evaluation) steps fit every chip's HBM, 1 they d
 on stderr naming what would help), 2 a bad config, topology or eval length.
 """
 
-import json
 import sys
 
+from bipe_jax import workdir_io
 from bipe_jax.training import aot_compile
 from bipe_jax.training import config_validation
 
@@ -31,8 +31,7 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
     return 2
   print(aot_compile.format_report(report), flush=True)
   if output:
-    with open(output, 'w', encoding='utf-8') as f:
-      json.dump(report.to_json(), f, indent=1)
+    workdir_io.write_json(output, report.to_json(), indent=1)
   if not all(report.fits(step) for step in report.steps):
     print(f'error: {aot_compile.fit_advice(report)}', file=sys.stderr, flush=True)
     return 1
