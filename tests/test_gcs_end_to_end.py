@@ -135,8 +135,6 @@ def _run(args, url, cwd, devices=1):
                         text=True, timeout=400)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   print(f'{time.perf_counter() - start:.1f} s: {" ".join(args[1:3])}', file=sys.stderr)
-  if os.environ.get('GCS_E2E_DEBUG'):
-    print(proc.stdout, proc.stderr[-2000:], file=sys.stderr)
   return proc.stdout
 
 

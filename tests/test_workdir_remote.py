@@ -43,12 +43,16 @@ def bucket(monkeypatch):
   """The in-memory store behind gs:// for this test: {path: file object}."""
   InMemoryGCS.store.clear()
   InMemoryGCS.pseudo_dirs[:] = ['']
-  previous = fsspec.registry.get('gcs')
+  previous = {p: fsspec.registry.get(p) for p in ('gs', 'gcs')}
   fsspec.register_implementation('gcs', InMemoryGCS, clobber=True)
+  fsspec.register_implementation('gs', InMemoryGCS, clobber=True)
   epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
   monkeypatch.setattr(gpath, '_is_tf_installed', lambda: False)
   yield InMemoryGCS.store
-  fsspec.register_implementation('gcs', previous or 'gcsfs.GCSFileSystem', clobber=True)
+  import gcsfs.core  # pylint: disable=g-import-not-at-top
+  for protocol, implementation in previous.items():  # a class: replaces InMemoryGCS there
+    fsspec.register_implementation(protocol, implementation or gcsfs.core.GCSFileSystem,
+                                   clobber=True)
   epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
 
 
@@ -188,3 +192,65 @@ def test_the_library_log_file_is_written_to_the_bucket(bucket):
   finally:
     logging.getLogger().removeHandler(handler)
     handler.close()
+
+
+def test_the_storage_emulator_variable_points_every_gcs_client_at_it():
+  assert workdir_io.follow_storage_emulator({}) == {}
+  env = {'STORAGE_EMULATOR_HOST': '127.0.0.1:9023', 'TENSORSTORE_GCS_HTTP_URL': 'http://x:1'}
+  added = workdir_io.follow_storage_emulator(env)
+  assert added == {'CLOUD_STORAGE_EMULATOR_ENDPOINT': 'http://127.0.0.1:9023',
+                   'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'emulator'}
+  assert env['TENSORSTORE_GCS_HTTP_URL'] == 'http://x:1'  # what the user set is kept
+
+
+def test_the_gs_protocols_are_bound_to_gcsfs_plain_filesystem():
+  import gcsfs.core
+  for protocol in ('gs', 'gcs'):  # not the extended one that probes gRPC first
+    assert fsspec.get_filesystem_class(protocol) is gcsfs.core.GCSFileSystem
+  assert gcsfs.GCSFileSystem is gcsfs.core.GCSFileSystem
+
+
+def test_a_folder_is_walked_and_copied_to_the_bucket_marker_last(bucket, tmp_path, monkeypatch):
+  (tmp_path / 'src' / 'sub').mkdir(parents=True)
+  (tmp_path / 'src' / '.hidden').mkdir()
+  for rel, text in (('a.txt', 'aa'), ('sub/b.json', '{}'), ('sub/c.bin', 'ccc'),
+                    ('.hidden/x', 'x'), ('sub/.y', 'y')):
+    (tmp_path / 'src' / rel).write_text(text)
+  files = workdir_io.walk_files(str(tmp_path / 'src'))
+  assert [(rel, size) for rel, size, _ in files] == [('a.txt', 2), ('sub/b.json', 2),
+                                                     ('sub/c.bin', 3)]
+  assert files[0][2] == os.stat(tmp_path / 'src' / 'a.txt').st_mtime_ns / 1e9  # sub-second
+  copied = []
+  real_copy = workdir_io.copy_file
+  monkeypatch.setattr(workdir_io, 'copy_file', lambda s, d: (copied.append(d), real_copy(s, d)))
+  workdir_io.copy_tree(str(tmp_path / 'src'), f'{RUN}/copy', last=('b.json',))
+  assert copied[-1] == f'{RUN}/copy/sub/b.json' and len(copied) == 3
+  assert [(rel, size) for rel, size, _ in workdir_io.walk_files(f'{RUN}/copy')] == [
+      ('a.txt', 2), ('sub/b.json', 2), ('sub/c.bin', 3)]
+  assert _text(bucket, 'copy/sub/c.bin') == 'ccc'
+
+
+def test_local_staging_is_the_folder_itself_or_a_temporary_one():
+  with workdir_io.local_staging('/some/local/dir') as folder:
+    assert folder == '/some/local/dir'
+  with workdir_io.local_staging(RUN) as folder:
+    assert workdir_io.is_local(folder) and os.path.isdir(folder)
+  assert not os.path.exists(folder)  # removed afterwards
+
+
+def test_a_text_folder_in_the_bucket_is_read_and_fingerprinted(bucket):
+  from bipe_jax.data import documents
+  from bipe_jax.data import text_folder
+  folder = f'{RUN}/texts'
+  workdir_io.write_text_atomic(f'{folder}/b.txt', 'Second.\n')
+  workdir_io.write_text_atomic(f'{folder}/a.jsonl', '{"text": "One."}\nnot json\n')
+  workdir_io.write_text_atomic(f'{folder}/.skip.txt', 'hidden\n')
+  report = documents.BuildReport()
+  assert list(text_folder.iter_documents(folder, 'text', report)) == [
+      ('a.jsonl:1', 'One.'), ('b.txt', 'Second.\n')]
+  assert report.bad_json_lines == 1
+  before = text_folder.fingerprint(folder, 'text', 0.05)
+  assert text_folder.fingerprint(folder, 'text', 0.05) == before
+  workdir_io.write_text_atomic(f'{folder}/b.txt', 'Second, longer.\n')
+  assert text_folder.fingerprint(folder, 'text', 0.05) != before
+  assert not os.path.exists('gs:')
