@@ -22,8 +22,9 @@ import sys
 
 PLATFORMS_VARIABLE = 'JAX_PLATFORMS'
 GOOGLE_PCI_VENDOR = '0x1ae0'  # TPU chips on the PCI bus of a TPU VM
-ACCELERATOR_DEVICE_PATTERNS = ('/dev/accel*', '/dev/vfio/[0-9]*', '/dev/nvidia[0-9]*',
-                               '/dev/nvidiactl', '/dev/kfd', '/dev/dxg')
+TPU_DEVICE_PATTERNS = ('/dev/accel*', '/dev/vfio/[0-9]*')
+ACCELERATOR_DEVICE_PATTERNS = TPU_DEVICE_PATTERNS + ('/dev/nvidia[0-9]*', '/dev/nvidiactl',
+                                                     '/dev/kfd', '/dev/dxg')
 # Set by Cloud TPU VMs / GKE TPU pods (and users pointing libtpu at chips): a TPU is meant.
 TPU_ENVIRONMENT = ('TPU_NAME', 'TPU_ACCELERATOR_TYPE', 'TPU_WORKER_ID', 'TPU_WORKER_HOSTNAMES',
                    'TPU_VISIBLE_CHIPS', 'TPU_PROCESS_BOUNDS', 'TPU_CHIPS_PER_PROCESS_BOUNDS',
@@ -41,12 +42,19 @@ def _has_tpu_pci_device(pci_root: str) -> bool:
   return False
 
 
+def _matches(patterns, dev_root: str) -> bool:
+  return any(glob.glob(os.path.join(dev_root, p.lstrip('/'))) for p in patterns)
+
+
+def tpu_present(dev_root: str = '/', pci_root: str = '/sys/bus/pci/devices') -> bool:
+  """True when the host shows a TPU device (a Cloud TPU VM): /dev/accel*, /dev/vfio/N or a PCI
+  device of Google's vendor id (`dev_root` prefixes the /dev paths)."""
+  return _matches(TPU_DEVICE_PATTERNS, dev_root) or _has_tpu_pci_device(pci_root)
+
+
 def accelerator_present(dev_root: str = '/', pci_root: str = '/sys/bus/pci/devices') -> bool:
-  """True when the host shows a TPU or GPU device (`dev_root` prefixes the /dev paths)."""
-  for pattern in ACCELERATOR_DEVICE_PATTERNS:
-    if glob.glob(os.path.join(dev_root, pattern.lstrip('/'))):
-      return True
-  return _has_tpu_pci_device(pci_root)
+  """True when the host shows a TPU or GPU device."""
+  return _matches(ACCELERATOR_DEVICE_PATTERNS, dev_root) or _has_tpu_pci_device(pci_root)
 
 
 def _jax_backends_created() -> bool:

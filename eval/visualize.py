@@ -31,7 +31,7 @@ _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest
 def main(argv):
   from bipe_jax.kernels import process_setup  # pylint: disable=g-import-not-at-top
   process_setup.setup_process()
-  from bipe_jax import run_restore  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import restore as run_restore  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import visualize  # pylint: disable=g-import-not-at-top
   try:
     doc = visualize.visualize_run(_WORKDIR.value, query=_QUERY.value, layer=_LAYER.value,

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from bipe_jax import run_restore as runs_lib
+from bipe_jax.runs import restore as runs_lib
 from bipe_jax.encodings import kerple
 from bipe_jax.evaluation import attention_probe
 from bipe_jax.evaluation import visualize

@@ -1,8 +1,9 @@
 """Train a model: `python train/main.py --config=configs/tiny.py --workdir=DIR [--config.x=y]`.
 
 Running the same command again resumes from the workdir's latest checkpoint. Multi-host:
-add --coordinator_address=host:port --num_processes=N --process_id=i on every process
-(automatic on Cloud TPU and SLURM). All logic lives in bipe_jax.training.
+automatic on a Cloud TPU VM, SLURM and Open MPI; elsewhere add --coordinator_address=host:port
+--num_processes=N --process_id=i on every process (docs/multihost.md). All logic lives in
+bipe_jax.training.
 """
 
 import os
@@ -39,13 +40,10 @@ def main(argv):
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  if not flags.FLAGS['verbosity'].present:  # library INFO logs (Orbax, TFDS) to a file
-    from bipe_jax.runs import run_logging  # pylint: disable=g-import-not-at-top
-    name = 'library.log' if _PROCESS_ID.value <= 0 else f'library.{_PROCESS_ID.value}.log'
-    run_logging.send_library_logs_to(os.path.join(_WORKDIR.value, name))
   from bipe_jax.training import cli as train_cli  # pylint: disable=g-import-not-at-top
   sys.exit(train_cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
-                   num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value))
+                         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+                         library_log=not flags.FLAGS['verbosity'].present))
 
 
 if __name__ == '__main__':

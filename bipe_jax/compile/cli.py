@@ -6,7 +6,6 @@ without the CUDA plugin) lowered for CUDA but not compiled: the lowered program'
 printed and one line says why it could not be compiled.
 """
 
-import json
 import sys
 
 from bipe_jax.compile import aot
@@ -14,6 +13,7 @@ from bipe_jax.compile import gpu_lowering
 from bipe_jax.compile import gpu_targets
 from bipe_jax.compile import report as report_lib
 from bipe_jax.compile import topologies
+from bipe_jax.runs import workdir_io
 from bipe_jax.compile.topologies import CompileError
 from bipe_jax.training import config_validation
 
@@ -54,14 +54,12 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
     for step in report.steps:
       print(gpu_lowering.format_summary(step.name, step.lowered_summary), flush=True)
     if output:
-      with open(output, 'w', encoding='utf-8') as f:
-        json.dump(report.to_json(), f, indent=1)
+      workdir_io.write_json(output, report.to_json(), indent=1)
     print(f'not compiled: {lower_only}', file=sys.stderr, flush=True)
     return LOWERED_ONLY
   print(report_lib.format_report(report), flush=True)
   if output:
-    with open(output, 'w', encoding='utf-8') as f:
-      json.dump(report.to_json(), f, indent=1)
+    workdir_io.write_json(output, report.to_json(), indent=1)
   if not all(report.fits(step) for step in report.steps):
     print(f'error: {report_lib.fit_advice(report)}', file=sys.stderr, flush=True)
     return 1

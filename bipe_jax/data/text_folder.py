@@ -1,4 +1,4 @@
-"""Documents from a local folder of text: plain text, JSON lines and source code.
+"""Documents from a folder of text (local or gs://...): plain text, JSON lines and source code.
 
 - `.txt`, `.md`, `.rst` (and files without an extension): one document per file.
 - `.jsonl`: one document per line, the JSON object's `text_field` (lines that are not JSON
@@ -14,6 +14,7 @@ import json
 import os
 from typing import Iterator
 
+from bipe_jax.runs import workdir_io
 from bipe_jax.data import documents
 
 TEXT_EXTENSIONS = ('.txt', '.md', '.rst', '')
@@ -39,24 +40,22 @@ def list_files(text_dir: str) -> list[str]:
   if not text_dir:
     raise ValueError("data.text_dir is empty: set it to a folder of .txt/.jsonl/source files "
                      "for dataset='text_folder'")
-  if not os.path.isdir(text_dir):
+  return [rel for rel, _, _ in _files(text_dir)]
+
+
+def _files(text_dir: str) -> list[tuple[str, int, float]]:
+  """(relative path, size, mtime) of every file under `text_dir` (workdir_io.walk_files)."""
+  if not workdir_io.isdir(text_dir):
     raise ValueError(f'data.text_dir={text_dir!r} is not a directory')
-  out = []
-  for dirpath, dirnames, filenames in os.walk(text_dir):
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith('.'))
-    for name in sorted(filenames):
-      if not name.startswith('.'):
-        out.append(os.path.relpath(os.path.join(dirpath, name), text_dir))
-  return sorted(out)
+  return workdir_io.walk_files(text_dir)
 
 
 def fingerprint(text_dir: str, text_field: str, validation_fraction: float) -> str:
   """A short hash of the folder's files (path, size, mtime) and the build options."""
   h = hashlib.sha1()
-  h.update(f'{os.path.abspath(text_dir)}|{text_field}|{validation_fraction}'.encode())
-  for rel in list_files(text_dir):
-    st = os.stat(os.path.join(text_dir, rel))
-    h.update(f'|{rel}|{st.st_size}|{st.st_mtime_ns}'.encode())
+  h.update(f'{workdir_io.absolute(text_dir)}|{text_field}|{validation_fraction}'.encode())
+  for rel, size, mtime in _files(text_dir):
+    h.update(f'|{rel}|{size}|{round(mtime * 1e9)}'.encode())
   return h.hexdigest()[:12]
 
 
@@ -68,9 +67,8 @@ def iter_documents(text_dir: str, text_field: str,
     if kind is None:
       report.ignored_files += 1
       continue
-    with open(os.path.join(text_dir, rel), 'rb') as f:
-      data = f.read()
-    doc_id = rel.replace(os.sep, '/')
+    data = workdir_io.read_bytes(workdir_io.join(text_dir, rel))
+    doc_id = rel
     if kind != 'jsonl':
       text, replaced = documents.decode_bytes(data)
       if replaced:

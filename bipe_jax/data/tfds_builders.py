@@ -16,7 +16,6 @@ Each dataset's root (the folder above the version) also holds its tokenizers and
 """
 
 import contextlib
-import glob
 import inspect
 import io
 import json
@@ -26,6 +25,7 @@ import os
 from etils import epath
 import tensorflow_datasets as tfds
 
+from bipe_jax.runs import workdir_io
 from bipe_jax.data import documents
 from bipe_jax.data import embedded_corpus
 from bipe_jax.data import text_folder
@@ -98,7 +98,7 @@ class BipeTextFolder(_DocumentBuilderMixin, tfds.core.GeneratorBasedBuilder):
 
   def _info(self):
     return tfds.core.DatasetInfo(builder=self, features=_features(),
-                                 description=f'Text folder {os.path.abspath(self._text_dir)}')
+                                 description=f'Text folder {workdir_io.absolute(self._text_dir)}')
 
   def _documents(self, report):
     return text_folder.iter_documents(self._text_dir, self._text_field, report)
@@ -124,7 +124,7 @@ def check_dataset_name(dataset: str) -> None:
 def dataset_root(data_config) -> str:
   """The folder above the dataset's version folder: its tokenizers and build report live here."""
   check_dataset_name(data_config.dataset)
-  data_dir = os.path.abspath(os.path.expanduser(data_config.data_dir))
+  data_dir = workdir_io.absolute(data_config.data_dir)
   if data_config.dataset == 'embedded':
     return os.path.join(data_dir, 'bipe_embedded', _config_name(data_config))
   if data_config.dataset == 'text_folder':
@@ -135,7 +135,7 @@ def dataset_root(data_config) -> str:
 def _prepared_version_dir(root: str) -> str | None:
   """The highest version folder under `root` holding a dataset_info.json, or None."""
   found = []
-  for info in glob.glob(os.path.join(root, '*', 'dataset_info.json')):
+  for info in (workdir_io.glob(root, '*/dataset_info.json') if workdir_io.isdir(root) else []):
     version = os.path.basename(os.path.dirname(info))
     try:
       found.append((tuple(int(p) for p in version.split('.')), os.path.dirname(info)))
@@ -164,7 +164,7 @@ def version_dir(data_config) -> str:
                      f'{data_config.data_dir!r} (expected {root}/{VERSION}): call '
                      'bipe_jax.data.prepare(config.data) or run `python train/build_data.py '
                      f'--dataset={data_config.dataset} --data_dir={data_config.data_dir}`')
-  if not glob.glob(os.path.join(found, '*.array_record-*')):
+  if not workdir_io.glob(found, '*.array_record-*'):
     hint = (_prepare_hint(data_config) if data_config.dataset in CATALOG
             else 'delete the folder and build it again')
     raise ValueError(f'dataset {data_config.dataset!r} in {found} has no array_record files '
@@ -184,8 +184,33 @@ def build(data_config, *, force: bool = False) -> str:
   existing = _prepared_version_dir(root)
   if existing and not force:
     return existing
-  data_dir = os.path.abspath(os.path.expanduser(data_config.data_dir))
-  config = tfds.core.BuilderConfig(name=os.path.basename(root))
+  data_dir = workdir_io.absolute(data_config.data_dir)
+  if existing and force:
+    workdir_io.rmtree(existing)
+  # array_record writes local files only: a gs:// data_dir is built in a local folder, then
+  # copied (dataset_info.json last: what marks a version folder as complete)
+  with workdir_io.local_staging(data_dir) as build_dir:
+    builder, printed = _build_in(data_config, build_dir, os.path.basename(root))
+    built = str(builder.data_dir)
+    if build_dir != data_dir:
+      target = workdir_io.join(data_dir, os.path.relpath(built, build_dir))
+      workdir_io.copy_tree(built, target, last=('dataset_info.json',))
+      built = target
+  for line in printed.splitlines():
+    logging.info('tfds: %s', line)
+  report = builder.report.as_dict()
+  report['dataset'] = data_config.dataset
+  workdir_io.write_text_atomic(os.path.join(root, REPORT_FILE), json.dumps(report, indent=2))
+  # The embedded corpus's report is known (a few empty __init__.py files): the log file only.
+  note = logging.info if data_config.dataset == 'embedded' else logging.warning
+  for line in builder.report.warnings():
+    note('%s: %s', data_config.dataset, line)
+  return built
+
+
+def _build_in(data_config, data_dir: str, config_name: str):
+  """(builder, what TFDS printed) after building the dataset as array_record in `data_dir`."""
+  config = tfds.core.BuilderConfig(name=config_name)
   kwargs = dict(data_dir=data_dir, config=config, file_format='array_record',
                 validation_fraction=float(data_config.validation_fraction))
   if data_config.dataset == 'embedded':
@@ -193,9 +218,6 @@ def build(data_config, *, force: bool = False) -> str:
   else:
     builder = BipeTextFolder(text_dir=data_config.text_dir, text_field=data_config.text_field,
                              **kwargs)
-  if existing and force:
-    import shutil  # pylint: disable=import-outside-toplevel
-    shutil.rmtree(existing)
   tfds.disable_progress_bar()
   # TFDS prints "Downloading and preparing dataset Unknown size ..." to stdout although nothing
   # is downloaded: the lines go to the INFO log (a run's log file), not to the terminal.
@@ -203,26 +225,13 @@ def build(data_config, *, force: bool = False) -> str:
   with contextlib.redirect_stdout(printed):
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
         download_mode=tfds.GenerateMode.REUSE_DATASET_IF_EXISTS))
-  for line in printed.getvalue().splitlines():
-    logging.info('tfds: %s', line)
-  report = builder.report.as_dict()
-  report['dataset'] = data_config.dataset
-  with open(os.path.join(root, REPORT_FILE), 'w') as f:
-    json.dump(report, f, indent=2)
-  # The embedded corpus's report is known (a few empty __init__.py files): the log file only.
-  note = logging.info if data_config.dataset == 'embedded' else logging.warning
-  for line in builder.report.warnings():
-    note('%s: %s', data_config.dataset, line)
-  return str(builder.data_dir)
+  return builder, printed.getvalue()
 
 
 def read_report(data_config) -> dict:
   """The build report of a built embedded / text-folder dataset ({} for catalog datasets)."""
-  path = os.path.join(os.path.dirname(version_dir(data_config)), REPORT_FILE)
-  if not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
+  return workdir_io.read_json(
+      os.path.join(os.path.dirname(version_dir(data_config)), REPORT_FILE)) or {}
 
 
 def open_split(data_config, split: str):

@@ -35,12 +35,13 @@ decodes back as a space.
 """
 
 import io
-import os
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 from etils import epath
+
+from bipe_jax.runs import workdir_io
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)
 SEPARATOR_RULES = ('auto', 'sentence', 'newline', 'official')
@@ -238,9 +239,5 @@ def train_tokenizer(texts: Iterable[str], path: str, *, model_type: str = 'bpe',
   except RuntimeError as e:
     raise ValueError(f'SentencePiece could not train a {model_type} tokenizer with vocab_size='
                      f'{vocab_size} on {len(chunks)} chunks of text: {e}') from e
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(model.getvalue())
-  os.replace(tmp, path)
+  workdir_io.write_bytes_atomic(path, model.getvalue())  # a local file or gs://...
   return Tokenizer(path)

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from bipe_jax.runs import workdir_io
 from bipe_jax.evaluation import dataset_fit
 from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.runs import restore as runs_lib
@@ -131,7 +132,6 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
                     attention_impl=runs_lib.EVAL_ATTENTION_IMPL, output='', command='') -> int:
   """Exact-match accuracy by number of operators, for runs trained on data.dataset=arithmetic:
   held-out problems of the training lengths and the longer evaluation problems."""
-  import json  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import arithmetic_accuracy as acc  # pylint: disable=g-import-not-at-top
   from bipe_jax.tasks import arithmetic  # pylint: disable=g-import-not-at-top
   try:
@@ -172,8 +172,7 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
     doc = sweep.results_document(entries, protocol='arithmetic-greedy', stride=None,
                                  max_tokens=None, command=command)
     doc['per_length'] = per_length
-    with open(output, 'w', encoding='utf-8') as f:
-      json.dump(doc, f, indent=2)
+    workdir_io.write_json(output, doc)
     print(f'wrote {output}')
   return 0
 
@@ -184,7 +183,6 @@ def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16,
   """Passkey retrieval accuracy by context length and depth for each run (its own tokenizer and
   separators; the synthetic task's samples for a run of data.dataset='passkey')."""
   output = resolve_output(output, workdirs, 'passkey.json')
-  import json  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import passkey  # pylint: disable=g-import-not-at-top
   try:
     if not workdirs:
@@ -217,9 +215,8 @@ def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16,
         f'depth ({trials} trials per cell)')
   print(passkey.format_table(results), flush=True)
   if output:
-    with open(output, 'w', encoding='utf-8') as f:
-      json.dump({'command': command, 'trials': trials, 'seed': seed, 'runs': entries}, f,
-                indent=2)
+    workdir_io.write_json(output, {'command': command, 'trials': trials, 'seed': seed,
+                                   'runs': entries})
     print(f'wrote {output}')
   if plot_path:
     print(f'wrote {passkey.plot_heatmaps(results, plot_path)}')
@@ -229,7 +226,6 @@ def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16,
 def scrolls_main(*, workdir, split='validation', max_examples=0, max_new_tokens=64,
                  batch_size=8, step=None, output='', command='') -> int:
   """Greedy answers of a SCROLLS fine-tune on a split, scored with the subset's metric."""
-  import json  # pylint: disable=g-import-not-at-top
   from bipe_jax.evaluation import scrolls  # pylint: disable=g-import-not-at-top
   from bipe_jax.tasks import scrolls as scrolls_task  # pylint: disable=g-import-not-at-top
   try:
@@ -258,8 +254,8 @@ def scrolls_main(*, workdir, split='validation', max_examples=0, max_new_tokens=
         f'{result["score"]:.2f} over {result["count"]} ids '
         f'({time.perf_counter() - start:.0f} s)', flush=True)
   if output:
-    with open(output, 'w', encoding='utf-8') as f:
-      json.dump({'command': command, 'workdir': workdir, 'step': run.step, 'subset': subset,
-                 'split': split, **result, 'answers': answers}, f, indent=2)
+    workdir_io.write_json(output, {'command': command, 'workdir': workdir, 'step': run.step,
+                                   'subset': subset, 'split': split, **result,
+                                   'answers': answers})
     print(f'wrote {output}')
   return 0

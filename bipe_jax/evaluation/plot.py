@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import Sequence
 
 import matplotlib
+
+from bipe_jax.runs import workdir_io
 
 matplotlib.use('Agg')  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -65,8 +66,6 @@ def plot_perplexity(runs: dict[str, tuple[Sequence[int], Sequence[float]]], path
   ax.grid(True, which='both', alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fig.savefig(path, format='png')
+  workdir_io.save_figure(fig, path)
   plt.close(fig)
   return path

@@ -10,14 +10,13 @@ sliding windows scoring only their last STRIDE tokens ('sliding:STRIDE', or 'sli
 from __future__ import annotations
 
 import datetime
-import json
-import os
 import platform
 from typing import Callable, Sequence
 
 import jax
 import numpy as np
 
+from bipe_jax.runs import workdir_io
 from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.evaluation import protocols as protocols_lib
 from bipe_jax.runs import restore as runs_lib
@@ -130,16 +129,13 @@ def results_document(entries: Sequence[dict], *, protocol: str, stride: int | No
 
 
 def run_entry(label: str, run: runs_lib.Run, results: Sequence[ppl.LengthResult]) -> dict:
-  return {'label': label, 'workdir': os.path.abspath(run.workdir), 'encoding': run.encoding,
+  return {'label': label, 'workdir': workdir_io.absolute(run.workdir), 'encoding': run.encoding,
           'step': run.step, 'train_length': run.train_length,
           'results': [r.to_dict() for r in results]}
 
 
 def write_json(document: dict, path: str) -> str:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump(document, f, indent=2)
-  return path
+  return workdir_io.write_json(path, document)
 
 
 def plot_document(document: dict, path: str) -> str:

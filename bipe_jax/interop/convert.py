@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -46,6 +45,7 @@ from bipe_jax import config as model_config_lib
 from bipe_jax import defaults
 from bipe_jax import schemes
 from bipe_jax.interop import destination
+from bipe_jax.runs import workdir_io
 from bipe_jax.interop import hf_files
 from bipe_jax.interop import hf_llama
 
@@ -209,19 +209,18 @@ def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None,
   destination.clear_destination(hf_dir)
   hf_files.write_hf_folder(hf_dir, hf, hf_llama.hf_weights_from_params(params, fields))
   tokenizer = run.config.data.get('tokenizer_path', '')  # the run's own copy (load_run)
-  if tokenizer and os.path.isfile(tokenizer):
-    shutil.copyfile(tokenizer, os.path.join(hf_dir, 'tokenizer.model'))
+  if tokenizer and workdir_io.isfile(tokenizer):
+    workdir_io.copy_file(tokenizer, os.path.join(hf_dir, 'tokenizer.model'))
   return hf_dir
 
 
 def detect_direction(src: str) -> str:
   """'hf_to_bipe' or 'bipe_to_hf' from what `src` holds; ValueError if neither."""
   path = os.path.join(src, 'config.json')
-  if not os.path.isfile(path):
+  config = workdir_io.read_json(path)  # a local folder or gs://...
+  if config is None:
     raise ValueError(f'--from {src!r} has no config.json: give a Hugging Face model folder or a '
                      'bipe_jax workdir')
-  with open(path, encoding='utf-8') as f:
-    config = json.load(f)
   if 'model' in config and isinstance(config['model'], dict):
     return 'bipe_to_hf'
   if 'hidden_size' in config:
@@ -267,6 +266,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            'must be new or empty, so no run or model folder is modified)')
   args = parser.parse_args(argv)
   try:
+    if workdir_io.isfile(args.dst):
+      raise ValueError(f'--to {args.dst!r} is a file, not a directory')
     destination.check_destination(args.dst, args.src, overwrite=args.overwrite)
     direction = detect_direction(args.src)
     if direction == 'hf_to_bipe':

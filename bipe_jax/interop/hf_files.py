@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Dict
 
 import numpy as np
@@ -93,16 +92,19 @@ MODELING_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'hf_m
 
 
 def write_hf_folder(folder: str, hf_config: dict, weights: Dict[str, np.ndarray]) -> None:
-  """Writes `config.json` and one `model.safetensors` (tensors made contiguous), and the
-  PyTorch modeling file that config.json's `auto_map` names, if it names one."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  os.makedirs(folder, exist_ok=True)
+  """Writes `config.json`, one `model.safetensors` (tensors made contiguous) and the PyTorch
+  modeling file that config.json's `auto_map` names, if it names one, into `folder` (a local
+  folder or gs://..., through bipe_jax.runs.workdir_io)."""
+  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import workdir_io  # pylint: disable=g-import-not-at-top
   modules = {v.split('.')[0] for v in (hf_config.get('auto_map') or {}).values()}
   for module in modules:
     if module != 'modeling_bipe':
       raise ValueError(f'config.json auto_map names {module}.py; bipe_jax ships modeling_bipe.py')
-    shutil.copyfile(MODELING_SOURCE, os.path.join(folder, module + '.py'))
-  with open(os.path.join(folder, CONFIG_NAME), 'w') as f:
-    json.dump(hf_config, f, indent=2, sort_keys=True)
+    with open(MODELING_SOURCE, encoding='utf-8') as f:
+      workdir_io.write_text_atomic(os.path.join(folder, module + '.py'), f.read())
+  workdir_io.write_text_atomic(os.path.join(folder, CONFIG_NAME),
+                               json.dumps(hf_config, indent=2, sort_keys=True))
   tensors = {k: np.ascontiguousarray(v) for k, v in weights.items()}
-  save_file(tensors, os.path.join(folder, SAFETENSORS_NAME), metadata={'format': 'pt'})
+  workdir_io.write_bytes_atomic(os.path.join(folder, SAFETENSORS_NAME),
+                                save(tensors, metadata={'format': 'pt'}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 
 from bipe_jax.runs import workdir_io
 
@@ -19,6 +20,7 @@ _FORMAT = '%(asctime)s %(levelname)s %(name)s: %(message)s'
 # TFDS warns 'Using custom data configuration' for every BuilderConfig made at run time, which
 # is how the embedded corpus and text folders are built.
 QUIET_WARNINGS = ('Using custom data configuration',)
+FLUSH_INTERVAL_S = 10.0  # a log on an object store is written at most this often
 
 
 class _KnownNoise(logging.Filter):
@@ -37,11 +39,28 @@ class _FileHandlerMadeOnFirstLine(logging.FileHandler):
 
 
 class _ObjectLogHandler(logging.StreamHandler):
-  """The log file of a workdir on an object store (gs://...), through etils.epath: the object
-  is written at the first line and rewritten as lines arrive (an object cannot be appended to)."""
+  """The log file of a workdir on an object store (gs://...), through etils.epath: appended in
+  parts (`workdir_io.ChunkedAppender`), the last part written at most every
+  `FLUSH_INTERVAL_S` seconds, at each warning or error, and when the handler closes."""
 
   def __init__(self, path: str):
-    super().__init__(workdir_io.RewritingAppender(path))
+    super().__init__(workdir_io.ChunkedAppender(path, min_interval_s=FLUSH_INTERVAL_S))
+
+  def emit(self, record):
+    super().emit(record)
+    if record.levelno >= logging.WARNING:
+      self.stream.flush(force=True)
+
+  def close(self):
+    self.acquire()
+    try:
+      self.stream.close()
+    except (OSError, RuntimeError) as e:  # the bucket unreachable: say so, do not fail the run
+      print(f'warning: the last lines of {self.stream.path} were not written: {e}',
+            file=sys.stderr, flush=True)
+    finally:
+      self.release()
+    super().close()
 
 
 def filter_known_noise() -> None:

@@ -68,7 +68,7 @@ def absolute_path(value: str) -> str:
     return value
   match = re.fullmatch(r'(.+)(@\d+)', value)
   path, step = (match.group(1), match.group(2)) if match else (value, '')
-  return os.path.abspath(os.path.expanduser(path)) + step
+  return workdir_io.absolute(path) + step
 
 
 def _with_absolute_paths(section: str, fields: dict) -> dict:

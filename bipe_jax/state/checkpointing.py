@@ -30,7 +30,6 @@ Readers of a live workdir (evaluation) should use `Checkpointer(dir, read_only=T
 import dataclasses
 import json
 import os
-import shutil
 from typing import Any, Optional
 
 import jax
@@ -183,7 +182,7 @@ class Checkpointer:
                async_save: bool = True, read_only: bool = False):
     """read_only: for readers (evaluation) of a workdir a training run may still write to:
     no saves, and unfinished temporary directories are left alone."""
-    self.directory = epath.Path(directory).absolute()
+    self.directory = epath.Path(workdir_io.absolute(directory))  # gs:// kept as it is
     self.read_only = read_only
     self._options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, save_interval_steps=every_steps,
@@ -326,8 +325,8 @@ class Checkpointer:
       dst.mkdir(parents=True, exist_ok=True)
       target = dst / src.name
       if target.exists():
-        shutil.rmtree(str(target))
-      shutil.move(str(src), str(target))
+        workdir_io.rmtree(target)
+      workdir_io.move(src, target)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f'bipe_jax_quarantine_{step}')
     self._manager.close()

@@ -153,8 +153,8 @@ def check_source(config) -> None:
   if not spec:
     return
   path, step = runs.parse_source(spec)
-  if not os.path.isdir(path):
-    what = 'is a file' if os.path.exists(path) else 'does not exist'
+  if not workdir_io.isdir(path):  # a local folder or gs://...
+    what = 'is a file' if workdir_io.exists(path) else 'does not exist'
     raise InitFromError(f'train.init_from={spec!r}: {path} {what} (give a training workdir, '
                         f'WORKDIR@STEP, or a Hugging Face folder)')
   source_model, source_data = source_config(path, spec)

@@ -20,7 +20,6 @@ import math
 import os
 import time
 
-from etils import epath
 
 from bipe_jax.runs import workdir_io
 from bipe_jax.training import flops as flops_lib
@@ -125,13 +124,10 @@ class ProgressLogger:
       return 0
     path = self._jsonl_path
     self._jsonl.close()
-    with epath.Path(path).open('r') as f:
-      lines = f.readlines()
-    kept = [l for l in lines if l.strip() and json.loads(l).get('step', 0) <= step]
-    if len(kept) != len(lines):
-      workdir_io.write_text_atomic(path, ''.join(kept))
+    dropped = workdir_io.rewrite_appended(
+        path, lambda line: bool(line.strip()) and json.loads(line).get('step', 0) <= step)
     self._jsonl = workdir_io.open_append(path)
-    return len(lines) - len(kept)
+    return dropped
 
   def event(self, message: str):
     if self.enabled:
@@ -150,7 +146,7 @@ class _EpathEventWriters:
   (tensorboardX's own gs:// writer needs google-cloud-storage)."""
 
   def open(self, path):
-    return workdir_io.RewritingAppender(path, binary=True)
+    return workdir_io.ChunkedAppender(path, binary=True)
 
   def directory_check(self, path):
     workdir_io.makedirs(path)
