@@ -221,7 +221,7 @@ import sys
 from bipe_jax.evaluation import cli
 from bipe_jax.runs import restore as run_restore
 from bipe_jax.interop import convert
-from bipe_jax.training import compile_cli
+from bipe_jax.compile import cli as compile_cli
 run, out = sys.argv[1], sys.argv[2]
 assert cli.perplexity_main(workdirs=[run], lengths='32,64', output=out + '/perplexity.json',
                            plot=out + '/perplexity.png') == 0
