@@ -57,6 +57,8 @@ class ModelConfig:
   pad_id: int = -1  # -1 = no padding token
   restart_at_documents: bool = False  # official BiPE: segments do not restart at BOS
   mask_across_documents: bool = False  # official: packed documents attend to each other
+  # False: encoder mode, bidirectional attention (biases made two-sided: encodings/two_sided.py)
+  causal: bool = True
   attention_impl: str = 'blockwise'  # dense | blockwise | cudnn | fused | pallas
   block_size: int = 128
   dtype: str = 'float32'  # compute dtype; float32 | bfloat16
@@ -230,6 +232,12 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
     raise _err('attention_impl', cfg.attention_impl,
                f'computes only the ALiBi, Kerple and T5 biases (and none) per tile, not '
                f'{cfg.position_encoding!r}; use blockwise or dense')
+  if not cfg.causal and (cfg.attention_impl == 'pallas' or cfg.scheme.transform == 'dape_v2' or
+                         (cfg.attention_impl in attention.FUSED_IMPLS and cfg.scheme.bias != 'none')):
+    raise _err('causal', cfg.causal,
+               f'(encoder mode) runs on dense or blockwise attention (fused / cudnn only without '
+               f'a bias); attention_impl={cfg.attention_impl!r} with {cfg.position_encoding!r} '
+               f'is causal-only (pallas kernels, per-key ALiBi, DAPE V2 convolution)')
   if cfg.kernels not in kernels.KERNELS:
     raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')
   if cfg.dtype not in DTYPES:
