@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.test-installed
 TPU_STAMP := $(VENV)/.tpu-installed
 CUDA_STAMP := $(VENV)/.cuda-installed
 
-.PHONY: test test-fast test-gpu demo demo-all demo-dape demo-segments setup setup-cuda clean
+.PHONY: test test-fast test-gpu demo demo-all demo-dape demo-segments demo-che setup setup-cuda clean
 
 # The requirements files pin every version; pyproject.toml names what each part needs (core,
 # [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
@@ -85,5 +85,10 @@ demo-dape: $(CORE_STAMP)
 demo-segments: $(CORE_STAMP)
 	$(PY) eval/demo.py --output_dir=demo_segments_out --encodings=bipe_rope,bipe_rope@fixed:auto,bipe3_rope
 
+# DAPE's Chomsky-hierarchy tasks, reduced: 2 tasks x 4 encodings x 1 seed, 300 steps each,
+# scored at 9 lengths (4 in 1..40, 5 in 41..500; README, section CHE); prints table and wall time.
+demo-che: $(CORE_STAMP)
+	$(PY) eval/che_sweep.py --output_dir=demo_che_out --tasks=reverse_string,missing_duplicate_string --encodings=rope,kerple,dape_kerple,bipe_rope --seeds=0 --steps=300 --eval_lengths=1-40:13,41-500:92 --eval_samples=16 --bucket=128
+
 clean:
-	rm -rf $(VENV) demo_out demo_dape_out demo_segments_out
+	rm -rf $(VENV) demo_out demo_dape_out demo_segments_out demo_che_out

@@ -74,6 +74,8 @@ class ModelConfig:
   pad_id: int = -1  # -1 = no padding token
   restart_at_documents: bool = False  # official BiPE: segments do not restart at BOS
   mask_across_documents: bool = False  # official: packed documents attend to each other
+  # False: encoder mode, bidirectional attention (biases made two-sided: encodings/two_sided.py)
+  causal: bool = True
   # auto | dense | blockwise | cudnn | fused | pallas | pallas_gpu (bipe_jax.attention.support:
   # which runs which scheme, and what 'auto' picks per platform)
   attention_impl: str = 'blockwise'
@@ -256,6 +258,14 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                  f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
                  'that never decrease between visible tokens: with restart_at_documents, set '
                  'mask_across_documents=True (or use blockwise)')
+  if not cfg.causal and (cfg.scheme.transform == 'dape_v2' or cfg.scheme.bias != 'none' and (
+      cfg.attention_impl in attention_support.TILE_BIAS_IMPLS
+      or cfg.attention_impl in attention_support.FUSED_IMPLS)):
+    raise _err('causal', cfg.causal,
+               f'(encoder mode) runs on dense or blockwise attention (fused, cudnn and the Pallas '
+               f'kernels only without a bias); attention_impl={cfg.attention_impl!r} with '
+               f'{cfg.position_encoding!r} is causal-only (tile biases, per-key ALiBi, DAPE V2 '
+               f'convolution)')
   if cfg.kernels not in kernels.KERNELS:
     raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')
   if cfg.dtype not in DTYPES:

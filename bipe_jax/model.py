@@ -65,6 +65,7 @@ from bipe_jax.encodings import initializers
 from bipe_jax.encodings import kerple
 from bipe_jax.encodings import rope
 from bipe_jax.encodings import t5
+from bipe_jax.encodings import two_sided
 
 _INIT = nn.initializers.normal(stddev=0.02)  # Llama initializer_range
 
@@ -289,7 +290,7 @@ class Attention(nn.Module):
 
     # 'auto' left unresolved by a mesh (a model used directly): the platform traced for
     impl = attention_support.resolve_attention_impl(cfg.attention_impl, scheme,
-                                                    jax.default_backend(), cfg.dtype)
+                                                    jax.default_backend(), cfg.dtype, cfg.causal)
     if self.decode and impl in (*attention_lib.FUSED_IMPLS, *attention_support.TILE_BIAS_IMPLS):
       impl = 'dense'
     transform_fn, halo = self._transform_fn()
@@ -307,6 +308,8 @@ class Attention(nn.Module):
         kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
                       k_streams=k_side.stream(scheme.bias_stream))
     elif (bias_fn := self._bias_fn()) is not None:
+      if not cfg.causal:  # encoder mode: the same bias on the right of the query
+        bias_fn = two_sided.two_sided_bias(bias_fn)
       kwargs.update(bias_fn=bias_fn, q_streams=q_side.stream(scheme.bias_stream),
                     k_streams=k_side.stream(scheme.bias_stream))
     if cfg.pad_id >= 0 or self.mask_keys:
@@ -317,6 +320,10 @@ class Attention(nn.Module):
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
     if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
+    if not cfg.causal:  # encoder mode (config validation refuses the paths that cannot)
+      if self.decode:
+        raise ValueError('model.causal=False (encoder mode) cannot decode: use a full forward.')
+      kwargs.update(causal=False)
     if impl in ('dense', 'blockwise'):  # blockwise of one block is dense attention
       kwargs.update(kernels=cfg.kernels)
     attend = attention_lib.attention_fn(impl)

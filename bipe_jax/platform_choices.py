@@ -27,7 +27,8 @@ def config_for_mesh(model_config: Any, mesh) -> Any:
     changes['kernels'] = resolved
   if getattr(model_config, 'attention_impl', None) == 'auto':
     changes['attention_impl'] = support.resolve_attention_impl(
-        'auto', model_config.scheme, platform, getattr(model_config, 'dtype', 'float32'))
+        'auto', model_config.scheme, platform, getattr(model_config, 'dtype', 'float32'),
+        getattr(model_config, 'causal', True))
   return dataclasses.replace(model_config, **changes) if changes else model_config
 
 

@@ -131,6 +131,9 @@ def defined_flags(script: str) -> set:
   text = open(os.path.join(ROOT, script), encoding='utf-8').read()
   names = set(re.findall(r"DEFINE_\w+\(\s*'(\w+)'", text))
   names |= set(re.findall(r"add_argument\(\s*'--(\w+)'", text))
+  # Flags a script takes from a shared library module (`from bipe_jax.x import flags as ...`).
+  for package in re.findall(r'from (bipe_jax[\w.]*) import flags as', text):
+    names |= defined_flags(os.path.join(*package.split('.'), 'flags.py'))
   return names
 
 

@@ -74,11 +74,16 @@ def unsupported_reason(impl: str, scheme) -> str | None:
   return f'{SUPPORT[impl][0]}, not {scheme.name!r}; use blockwise or dense'
 
 
-def resolve_attention_impl(impl: str, scheme, platform: str, dtype: str = 'float32') -> str:
+def resolve_attention_impl(impl: str, scheme, platform: str, dtype: str = 'float32',
+                           causal: bool = True) -> str:
   """`impl` with 'auto' replaced by the choice for `scheme` on `platform` ('cpu', 'tpu', 'gpu',
-  'cuda', ...) computing in `dtype`; any other value is returned as it is."""
+  'cuda', ...) computing in `dtype`; any other value is returned as it is. An encoder
+  (`causal=False`) with a bias runs blockwise: its biases are made two-sided per block
+  (encodings/two_sided.py), which the kernels do not do."""
   if impl != 'auto':
     return impl
+  if not causal and scheme.bias != 'none':
+    return 'blockwise'
   if platform == 'tpu':
     return 'pallas' if runs_on_tiles(scheme, 'pallas') else 'blockwise'
   if platform in ('gpu', 'cuda'):

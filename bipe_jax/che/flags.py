@@ -1,0 +1,67 @@
+"""The flags and the run shared by eval/che.py (one task x encoding) and eval/che_sweep.py
+(a grid): budget, scoring plan, BiPE segmentation, output directory. Bad values end the run with
+one line naming the flag; finished cells already written are kept."""
+
+import time
+from typing import Sequence
+
+from absl import flags
+
+from bipe_jax import cli
+from bipe_jax import schemes
+from bipe_jax.che import cell as cell_lib
+from bipe_jax.che import scoring
+from bipe_jax.che import segments
+from bipe_jax.che import sweep
+from bipe_jax.che import training
+from bipe_jax.tasks import che as tasks
+
+FLAGS = flags.FLAGS
+
+
+def define_common() -> None:
+  b, p = training.Budget(), cell_lib.EvalPlan()
+  flags.DEFINE_list('seeds', ['0'], 'Seeds (model init and data).')
+  flags.DEFINE_integer('steps', b.steps, 'Training steps per cell.')
+  flags.DEFINE_integer('batch_size', b.batch_size, 'Training batch size.')
+  flags.DEFINE_float('learning_rate', b.learning_rate, 'Adam learning rate.')
+  flags.DEFINE_string('eval_lengths', p.lengths,
+                      "Scored lengths: 'A-B[:STEP],N,...' (the benchmark: 1-500).")
+  flags.DEFINE_integer('eval_samples', p.samples, 'Rows scored per length.')
+  flags.DEFINE_integer('bucket', p.bucket, 'Rows are padded to a multiple of this many tokens.')
+  flags.DEFINE_string('segmentation', 'task',
+                      "BiPE's segments on CHE: none | task | fixed:K (bipe_jax/che/segments.py).")
+  flags.DEFINE_string('output_dir', 'che_out', 'Where cells, results.json, table.md, PNGs go.')
+
+
+def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> int:
+  start = time.perf_counter()
+  try:
+    for t in task_names:
+      tasks.get_task(t)
+    for e in encodings:
+      schemes.get_scheme(e)
+    seeds = [int(s) for s in FLAGS.seeds]
+    segments.parse(FLAGS.segmentation)
+    scoring.parse_lengths(FLAGS.eval_lengths)
+    for name in ('steps', 'batch_size', 'eval_samples', 'bucket'):
+      if getattr(FLAGS, name) < 1:
+        raise ValueError(f'--{name}={getattr(FLAGS, name)} must be >= 1.')
+  except ValueError as e:
+    cli.fail(str(e))
+  budget = training.Budget(steps=FLAGS.steps, batch_size=FLAGS.batch_size,
+                           learning_rate=FLAGS.learning_rate)
+  plan = cell_lib.EvalPlan(lengths=FLAGS.eval_lengths, samples=FLAGS.eval_samples,
+                           bucket=FLAGS.bucket)
+  try:
+    summary = sweep.run_grid(task_names, encodings, seeds, budget, plan, FLAGS.output_dir,
+                             segmentation=FLAGS.segmentation, command=command)
+  except ValueError as e:
+    cli.fail(str(e))
+  print(f'\nCHE score x 100 (mean accuracy over {summary["scored_lengths"]}; trained on 1..40; '
+        f'{budget.steps} steps, batch {budget.batch_size}, lr {budget.learning_rate}; '
+        f'BiPE segments: {FLAGS.segmentation}):')
+  print(summary['table'])
+  print(f'written to {FLAGS.output_dir}/ (results.json, table.md, TASK.png); '
+        f'wall time {time.perf_counter() - start:.0f}s')
+  return 0

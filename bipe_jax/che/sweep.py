@@ -1,0 +1,111 @@
+"""A grid of CHE cells (tasks x encodings x seeds), written incrementally and resumable.
+
+Layout of `output_dir`:
+  cells/TASK__ENCODING__seedS.json   one cell (cell.run_cell), written when it finishes;
+  results.json                       every finished cell + the table, rewritten after each cell;
+  table.md                           the table (score x 100: mean +- std over seeds (n));
+  TASK.png                           accuracy against length, per encoding (mean over seeds).
+A rerun skips the finished cells; a finished cell whose budget, scoring plan or segmentation
+differs from the run's is refused (one line naming the file), so one grid never mixes budgets.
+Order: seed-major (every task x encoding of seed 0 first), so an interrupted grid has whole
+columns to compare.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from bipe_jax.che import cell as cell_lib
+from bipe_jax.che import training
+
+
+def cell_path(output_dir: str, task: str, encoding: str, seed: int) -> str:
+  return os.path.join(output_dir, 'cells', f'{task}__{encoding}__seed{seed}.json')
+
+
+def _check_same_setup(path: str, done: dict, budget, plan, segmentation: str) -> None:
+  want = dict(budget=dataclasses.asdict(budget), eval=dataclasses.asdict(plan),
+              segmentation=cell_lib.segmentation_of(done['encoding'], segmentation))
+  got = {k: done.get(k) for k in want}
+  if got != want:
+    raise ValueError(f'{path}: this finished cell has {got}, but the run asks for {want}; '
+                     f'use another output_dir or the same settings.')
+
+
+def table(cells: Sequence[dict], tasks: Sequence[str], encodings: Sequence[str]) -> str:
+  """Markdown: one row per task, one column per encoding; score x 100 as mean +- std (seeds)."""
+  lines = ['| task | level | ' + ' | '.join(encodings) + ' |',
+           '|---|---|' + '---|' * len(encodings)]
+  for t in tasks:
+    row = [c for c in cells if c['task'] == t]
+    level = row[0]['level'] if row else ''
+    entries = []
+    for e in encodings:
+      scores = [100 * c['score'] for c in row if c['encoding'] == e]
+      entries.append('-' if not scores else
+                     f'{np.mean(scores):.1f} ± {np.std(scores):.1f} ({len(scores)})')
+    lines.append(f'| {t} | {level} | ' + ' | '.join(entries) + ' |')
+  return '\n'.join(lines)
+
+
+def mean_curves(cells: Sequence[dict], task: str) -> dict:
+  """{encoding: {length: mean accuracy over the seeds}} of one task."""
+  out = {}
+  for e in sorted({c['encoding'] for c in cells if c['task'] == task}):
+    accs = [c['accuracy'] for c in cells if c['task'] == task and c['encoding'] == e]
+    out[e] = {k: float(np.mean([a[k] for a in accs])) for k in accs[0]}
+  return out
+
+
+def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int],
+             budget: training.Budget, plan: cell_lib.EvalPlan, output_dir: str, *,
+             segmentation: str = 'task', command: str = '',
+             say: Optional[Callable[[str], None]] = None) -> dict:
+  """Runs the missing cells; returns the summary also written to results.json."""
+  say = say or print
+  cells = []
+  total = len(tasks) * len(encodings) * len(seeds)
+  for seed in seeds:
+    for t in tasks:
+      for e in encodings:
+        path = cell_path(output_dir, t, e, seed)
+        if os.path.exists(path):
+          with open(path) as f:
+            done = json.load(f)
+          _check_same_setup(path, done, budget, plan, segmentation)
+          cells.append(done)
+          continue
+        say(f'[{len(cells) + 1}/{total}] {t} {e} seed {seed}')
+        start = time.perf_counter()
+        result = cell_lib.run_cell(t, e, seed, budget, plan, segmentation=segmentation,
+                                   progress=say)
+        result['command'] = command
+        cell_lib.write_json(path, result)
+        cells.append(result)
+        say(f'  score {100 * result["score"]:.1f} (lengths 41..500), in-distribution '
+            f'{100 * result["in_distribution"]:.1f} ({time.perf_counter() - start:.0f}s)')
+        _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation,
+                       command)
+  return _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation,
+                        command)
+
+
+def _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation, command):
+  text = table(cells, tasks, encodings)
+  summary = dict(command=command, budget=dataclasses.asdict(budget),
+                 eval=dataclasses.asdict(plan), bipe_segmentation=segmentation,
+                 scored_lengths=cells[0]['scored_lengths'] if cells else '',
+                 table=text, cells=cells)
+  cell_lib.write_json(os.path.join(output_dir, 'results.json'), summary)
+  with open(os.path.join(output_dir, 'table.md'), 'w') as f:
+    f.write(text + '\n')
+  for t in tasks:
+    curves = mean_curves(cells, t)
+    if curves:
+      cell_lib.plot_accuracy(os.path.join(output_dir, f'{t}.png'), curves,
+                             f'{t}: accuracy against length (mean over seeds)')
+  return summary
