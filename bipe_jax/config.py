@@ -74,6 +74,12 @@ class ModelConfig:
   fire_halve_init_L: bool = True  # official Megatron: L0 = init_L // 2; False: DAPE.py, L0 = init_L
   t5_buckets: int = 32
   t5_max_distance: int = 128
+  # Recipes (bipe_jax/encodings/recipes.py): p-RoPE fraction, NoPE every k-th layer, log-length
+  # query scaling past train_length.
+  rope_fraction: float = 1.0
+  nope_every: int = 0
+  query_log_scale: bool = False
+  cope_npos: int = 0  # CoPE's position vectors (official: block size + 1); 0 = max_position + 1
 
   def __post_init__(self):
     if isinstance(self.separator_ids, (list, tuple)):
@@ -103,6 +109,10 @@ class ModelConfig:
     DAPE.py); init_L defaults to train_length // 4, the released 512-token configs' 128."""
     init_l = self.fire_init_L or self.train_length // 4
     return init_l // 2 if self.fire_halve_init_L else init_l
+
+  @property
+  def cope_positions(self) -> int:
+    return self.cope_npos or self.max_position + 1
 
   @property
   def slope_factor(self) -> float:
@@ -150,7 +160,7 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
     value = getattr(cfg, field)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise _err(field, value, 'must be a positive integer')
-  for field in ('num_kv_heads', 'head_dim', 'fire_init_L'):
+  for field in ('num_kv_heads', 'head_dim', 'fire_init_L', 'cope_npos', 'nope_every'):
     value = getattr(cfg, field)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
       raise _err(field, value, 'must be an integer >= 0 (0 = derived default)')
@@ -185,6 +195,12 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   inter_later = inter_length_later and cfg.scheme.rotary == 'inter'
   if cfg.rope_original_length == 0 and cfg.rope_scaling != 'none' and not inter_later:
     raise _err('rope_original_length', 0, derive)
+  if not 0.0 <= cfg.rope_fraction <= 1.0:
+    raise _err('rope_fraction', cfg.rope_fraction, 'must be in [0, 1] (1 = full RoPE)')
+  if cfg.nope_every and cfg.scan_layers:
+    raise _err('nope_every', cfg.nope_every, 'needs scan_layers=False (the layers differ)')
+  if cfg.query_log_scale and cfg.train_length < 2:
+    raise _err('train_length', cfg.train_length, 'must be >= 2 with query_log_scale')
   if cfg.rope_log_scale and cfg.train_length < 2:
     raise _err('train_length', cfg.train_length, 'must be >= 2 with rope_log_scale')
   if not cfg.alibi_slope_factor >= 0:

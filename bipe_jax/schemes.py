@@ -6,8 +6,11 @@ Position streams (bipe_jax.positions): token (0..T-1), intra (offset in the segm
              ('none' | 'sinusoidal' | 'learned'), indexed by `input_stream`;
   rotary     rotate q and k by a stream ('none' | 'token' | 'inter');
   bias       an additive [B, H, Q, K] logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5'),
-             computed from `bias_stream` ('token' | 'inter');
-  transform  a function of (scores, bias) over all heads ('none' | 'dape_v1' | 'dape_v2').
+             computed from `bias_stream` ('token' | 'inter'); or a forget-gate bias
+             ('fox': data-dependent, 'fox_bias_only': data-independent; encodings/fox.py),
+             gated at every token ('token') or only at segment starts ('inter': bilevel);
+  transform  a function of (scores, bias) over all heads ('none' | 'dape_v1' | 'dape_v2'), or
+             of the scores and the queries ('cope': encodings/cope.py, dense only).
 
 The model reads a `Scheme` and never branches on the name, so a new combination is one line here.
 """
@@ -18,8 +21,9 @@ from typing import Dict, Tuple
 INPUT_KINDS = ('none', 'sinusoidal', 'learned')
 STREAMS = ('token', 'intra', 'inter')
 ROTARY_KINDS = ('none', 'token', 'inter')
-BIAS_KINDS = ('none', 'alibi', 'kerple', 'fire', 't5')
-TRANSFORM_KINDS = ('none', 'dape_v1', 'dape_v2')
+BIAS_KINDS = ('none', 'alibi', 'kerple', 'fire', 't5', 'fox', 'fox_bias_only')
+FOX_KINDS = ('fox', 'fox_bias_only')  # biases c_i - c_j from forget gates (float streams)
+TRANSFORM_KINDS = ('none', 'dape_v1', 'dape_v2', 'cope')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +36,10 @@ class Scheme:
     input_stream: the stream indexing it ('token' | 'intra'); learned(token) uses the
       `abs_embed` table (size max_position), learned(intra) the `intra_embed` table (max_intra).
     rotary: the stream RoPE rotates q and k by ('none' | 'token' | 'inter').
-    bias: additive logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5').
+    bias: additive logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5' | 'fox' |
+      'fox_bias_only').
     bias_stream: the stream the bias is a function of ('token' | 'inter').
-    transform: score transform over heads ('none' | 'dape_v1' | 'dape_v2').
+    transform: score transform ('none' | 'dape_v1' | 'dape_v2' | 'cope').
     alibi_slope_factor: slope multiplier used when `model.alibi_slope_factor` is 0 (96 for
       BiPE-ALiBi, as the official code; 1 for ALiBi).
   """
@@ -55,7 +60,7 @@ class Scheme:
     for field, value, allowed in checks:
       if value not in allowed:
         raise ValueError(f'Scheme {self.name!r}: {field}={value!r} is not one of {allowed}.')
-    if self.transform != 'none' and self.bias == 'none':
+    if self.transform.startswith('dape') and self.bias == 'none':
       raise ValueError(f'Scheme {self.name!r}: a DAPE transform needs a bias to adapt.')
 
   @property
@@ -65,6 +70,10 @@ class Scheme:
   @property
   def uses_learned_absolute(self) -> bool:
     return self.input == 'learned' and self.input_stream == 'token'
+
+  @property
+  def uses_forget_gate(self) -> bool:
+    return self.bias in FOX_KINDS
 
   @property
   def has_bias_or_transform(self) -> bool:
@@ -84,6 +93,9 @@ _SCHEMES: Tuple[Scheme, ...] = (
     Scheme('kerple', bias='kerple'),
     Scheme('fire', bias='fire'),
     Scheme('t5', bias='t5'),
+    Scheme('fox', bias='fox'),
+    Scheme('fox_bias_only', bias='fox_bias_only'),
+    Scheme('cope', transform='cope'),
     Scheme('dape_alibi', bias='alibi', transform='dape_v1'),
     Scheme('dape_kerple', bias='kerple', transform='dape_v1'),
     Scheme('dape_fire', bias='fire', transform='dape_v1'),
@@ -92,6 +104,8 @@ _SCHEMES: Tuple[Scheme, ...] = (
     _bipe('bipe_alibi', bias='alibi', bias_stream='inter', alibi_slope_factor=96.0),
     _bipe('bipe_kerple', bias='kerple', bias_stream='inter'),
     _bipe('bipe_fire', bias='fire', bias_stream='inter'),
+    _bipe('bipe_fox', bias='fox', bias_stream='inter'),
+    _bipe('bipe_fox_bias_only', bias='fox_bias_only', bias_stream='inter'),
     _bipe('bipe_dape_kerple', bias='kerple', bias_stream='inter', transform='dape_v1'),
 )
 

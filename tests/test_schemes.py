@@ -18,6 +18,9 @@ EXPECTED = {
     'kerple': ('none', None, 'none', 'kerple', 'token', 'none'),
     'fire': ('none', None, 'none', 'fire', 'token', 'none'),
     't5': ('none', None, 'none', 't5', 'token', 'none'),
+    'fox': ('none', None, 'none', 'fox', 'token', 'none'),
+    'fox_bias_only': ('none', None, 'none', 'fox_bias_only', 'token', 'none'),
+    'cope': ('none', None, 'none', 'none', None, 'cope'),
     'dape_alibi': ('none', None, 'none', 'alibi', 'token', 'dape_v1'),
     'dape_kerple': ('none', None, 'none', 'kerple', 'token', 'dape_v1'),
     'dape_fire': ('none', None, 'none', 'fire', 'token', 'dape_v1'),
@@ -26,13 +29,15 @@ EXPECTED = {
     'bipe_alibi': ('learned', 'intra', 'none', 'alibi', 'inter', 'none'),
     'bipe_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'none'),
     'bipe_fire': ('learned', 'intra', 'none', 'fire', 'inter', 'none'),
+    'bipe_fox': ('learned', 'intra', 'none', 'fox', 'inter', 'none'),
+    'bipe_fox_bias_only': ('learned', 'intra', 'none', 'fox_bias_only', 'inter', 'none'),
     'bipe_dape_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'dape_v1'),
 }
 
 
 def test_names_are_exactly_the_spec_list():
   assert SCHEME_NAMES == tuple(EXPECTED)
-  assert len(set(SCHEME_NAMES)) == 17
+  assert len(set(SCHEME_NAMES)) == 22
 
 
 @pytest.mark.parametrize('name', SCHEME_NAMES)
@@ -47,7 +52,8 @@ def test_hooks(name):
     assert s.bias_stream == bias_stream
   assert s.uses_learned_intra == name.startswith('bipe_')
   assert s.uses_learned_absolute == (name == 'learned')
-  assert s.has_bias_or_transform == (bias != 'none')
+  assert s.has_bias_or_transform == (bias != 'none' or transform != 'none')
+  assert s.uses_forget_gate == bias.startswith('fox')
   assert s.alibi_slope_factor == (96.0 if name == 'bipe_alibi' else 1.0)
 
 
