@@ -79,6 +79,9 @@ class ModelConfig:
   rope_fraction: float = 1.0
   nope_every: int = 0
   query_log_scale: bool = False
+  # FoX pruning (blockwise): skip key blocks whose attention weights are all below
+  # exp(tolerance) (official log_pruning_tolerance, recommended -10); 0 = off.
+  fox_log_pruning_tolerance: float = 0.0
   cope_npos: int = 0  # CoPE's position vectors (official: block size + 1); 0 = max_position + 1
 
   def __post_init__(self):
@@ -197,6 +200,9 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
     raise _err('rope_original_length', 0, derive)
   if not 0.0 <= cfg.rope_fraction <= 1.0:
     raise _err('rope_fraction', cfg.rope_fraction, 'must be in [0, 1] (1 = full RoPE)')
+  if not cfg.fox_log_pruning_tolerance <= 0:
+    raise _err('fox_log_pruning_tolerance', cfg.fox_log_pruning_tolerance,
+               'must be a natural log < 0 (0 = off)')
   if cfg.nope_every and cfg.scan_layers:
     raise _err('nope_every', cfg.nope_every, 'needs scan_layers=False (the layers differ)')
   if cfg.query_log_scale and cfg.train_length < 2:

@@ -105,11 +105,14 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
                               transform_fn, transform_halo: int, k_valid: Optional[jax.Array],
                               q_document: Optional[jax.Array],
                               k_document: Optional[jax.Array], mask_fn, causal: bool,
-                              scale: float, block_size: int) -> jax.Array:
+                              scale: float, block_size: int, block_prune=None) -> jax.Array:
   """Blockwise attention [B, H, Q, Dh] (q's dtype) with the linear-memory backward.
 
   Arguments are those of `attention.blockwise_attention`, already checked; q_streams /
-  k_streams are not None (the caller substitutes the positions).
+  k_streams are not None (the caller substitutes the positions). `block_prune`: None, or
+  (threshold_fn(q, k) -> scalar, bound_fn(q_streams_blk, k_streams_blk) -> scalar): a key block
+  whose bias bound is below the threshold is skipped in both passes (FoX's pruning,
+  encodings/fox.py).
   """
   b, h, nq_tok, d = q.shape
   g, nk_tok = k.shape[1], k.shape[2]
@@ -184,20 +187,26 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
     return blocks.visible(qs['pos'], ks['pos'], causal, ks['valid'], qs['doc'], ks['doc'], mask_fn,
                       qs['streams'], ks['streams'])
 
-  def key_blocks(side, fs, step, carry, qs):
-    """Scans `step(carry, j, ks)` over the key blocks, skipping those above the diagonal."""
+  def key_blocks(side, fs, step, carry, qs, threshold):
+    """Scans `step(carry, j, ks)` over the key blocks, skipping those above the diagonal (and
+    those `block_prune` prunes: bound < threshold)."""
 
     def body(carry, j):
       ks = k_block(side, j, k_fl_of(fs, j))
-      if not causal:
+      if not causal and block_prune is None:
         return step(carry, j, ks), None
-      needed = jnp.min(ks['pos']) <= jnp.max(qs['pos'])
+      needed = jnp.min(ks['pos']) <= jnp.max(qs['pos']) if causal else jnp.bool_(True)
+      if block_prune is not None:
+        needed = needed & (block_prune[1](qs['streams'], ks['streams']) >= threshold)
       return jax.lax.cond(needed, lambda c: step(c, j, ks), lambda c: c, carry), None
 
     return jax.lax.scan(body, carry, jnp.arange(nkb))[0]
 
+  threshold_of = lambda q_p, k_p: None if block_prune is None else block_prune[0](q_p, k_p)
+
   def forward(q_p, k_p, v_p, params, fs, side):
     """(output [B, H, nqb * bq, Dh] in q's dtype, log-sum-exp [B, H, nqb * bq, 1] float32)."""
+    threshold = threshold_of(q_p, k_p)
 
     def query_step(_, i):
       q_blk, qs = blocks.slice_block(q_p, i * bq, bq, 2), q_block(side, i, q_fl_of(fs, i))
@@ -217,7 +226,7 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
 
       init = (jnp.full((b, h, bq, 1), NEG_INF, _F32), jnp.zeros((b, h, bq, 1), _F32),
               jnp.zeros((b, h, bq, d), _F32))
-      m, l, acc = key_blocks(side, fs, step, init, qs)
+      m, l, acc = key_blocks(side, fs, step, init, qs, threshold)
       seen = l > 0.0  # rows with no visible key: output 0, log-sum-exp 0 (never used)
       out = acc / jnp.where(seen, l, 1.0)
       lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
@@ -230,6 +239,7 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
   def backward(q_p, k_p, v_p, params, fs, side, out_p, lse_p, d_out_p):
     """(dQ, dK, dV, dparams, dfs) from the saved output and log-sum-exp; blocks recomputed."""
     delta_p = jnp.sum(d_out_p.astype(_F32) * out_p.astype(_F32), axis=-1, keepdims=True)
+    threshold = threshold_of(q_p, k_p)
 
     def query_step(carry, i):
       sl = lambda x: blocks.slice_block(x, i * bq, bq, 2)
@@ -261,7 +271,7 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
       zeros_q_fl = [jnp.zeros(x.shape, _F32) for x in q_fl]
       d_q, d_q_fl, d_k, d_v, d_params, d_k_fl = key_blocks(
           side, fs, step,
-          (jnp.zeros(q_blk.shape, _F32), zeros_q_fl, d_k, d_v, d_params, d_k_fl), qs)
+          (jnp.zeros(q_blk.shape, _F32), zeros_q_fl, d_k, d_v, d_params, d_k_fl), qs, threshold)
       return (d_k, d_v, d_params, d_k_fl), (d_q, d_q_fl)
 
     init = (jnp.zeros(k_p.shape, _F32), jnp.zeros(v_p.shape, _F32),

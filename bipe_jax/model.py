@@ -325,6 +325,8 @@ class Attention(nn.Module):
     elif scheme.uses_forget_gate:
       c_q, c_k = self._forget_gate_streams(x_BxTxD, q_side, k_side, cache_index)
       kwargs.update(bias_fn=fox.fox_bias, q_streams=c_q, k_streams=c_k)
+      if impl == 'blockwise' and cfg.fox_log_pruning_tolerance < 0:
+        kwargs.update(block_prune=fox.block_prune(cfg.fox_log_pruning_tolerance))
     elif (bias_fn := self._bias_fn()) is not None:
       kwargs.update(bias_fn=bias_fn, q_streams=q_side.stream(scheme.bias_stream),
                     k_streams=k_side.stream(scheme.bias_stream))

@@ -218,3 +218,32 @@ def test_hf_export_refuses_in_one_line(encoding):
 def test_unsupported_attention_paths_are_refused(encoding, impl):
   with pytest.raises(ValueError, match='attention_impl'):
     _model(encoding, impl)
+
+
+def test_pruning_skips_blocks_below_the_tolerance_and_keeps_the_rest():
+  """Strong decay (log f = -3): the block (queries 12..15, keys 0..3) has every bias <= -27,
+  below -(2U + log K) - 12, so it is skipped; values 0..3 are NaN, so a block that was not
+  skipped would make its rows NaN. Rows 12..15 then equal the loop reference (whose weights on
+  keys 0..3 are below e^-27)."""
+  t, dh = 16, 4
+  rng = np.random.default_rng(5)
+  q, k, v = (rng.normal(0, 0.5, (1, 1, t, dh)).astype(np.float32) for _ in range(3))
+  log_f = np.full((1, t, 1), -3.0, np.float32)
+  want = ref.fox_attention_ref(q, k, v, log_f)[0, 0, 12:]
+  v_nan = v.copy()
+  v_nan[:, :, :4] = np.nan
+  c = fox.cumulative_log_gates(jnp.asarray(log_f))
+  pos = jnp.arange(t)[None]
+
+  def attend(tolerance):
+    prune = None if tolerance is None else fox.block_prune(tolerance)
+    return np.asarray(attention.blockwise_attention(
+        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v_nan), q_pos=pos, k_pos=pos, q_streams=c,
+        k_streams=c, bias_fn=fox.fox_bias, block_size=4, block_prune=prune))[0, 0]
+
+  assert np.isnan(attend(None)[12:]).all()  # without pruning the NaN values are read
+  threshold = float(fox.pruning_threshold(jnp.asarray(q), jnp.asarray(k), t, -12.0))
+  assert -27 < threshold < -15  # between the two blocks' bounds (c_12 - c_3, c_8 - c_3)
+  pruned = attend(-12.0)
+  np.testing.assert_allclose(pruned[12:], want, atol=1e-5)
+  assert np.isnan(pruned[8:12]).all()  # bias -15 there: above the threshold, not skipped

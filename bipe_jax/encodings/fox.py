@@ -83,6 +83,12 @@ def block_bias_upper_bound(c_q_BxQxH: jax.Array, c_k_BxKxH: jax.Array) -> jax.Ar
   return jnp.max(c_q_BxQxH) - jnp.min(c_k_BxKxH)
 
 
+def block_prune(log_tolerance: float):
+  """blockwise_attention's `block_prune` for FoX: (threshold_fn(q, k), bound_fn(c_q, c_k))."""
+  threshold = lambda q, k: pruning_threshold(q, k, k.shape[2], log_tolerance)
+  return threshold, block_bias_upper_bound
+
+
 class ForgetGate(nn.Module):
   """log f [B, T, H] float32 = log sigmoid(x . w + b): params 'kernel' [D, H] (N(0, 0.02), only
   when `data_dependent`) and 'bias' [H] (zeros, as the official default: f = 1/2 at init)."""
