@@ -6,7 +6,7 @@ CORE_STAMP := $(VENV)/.core-installed
 TEST_STAMP := $(VENV)/.test-installed
 TPU_STAMP := $(VENV)/.tpu-installed
 
-.PHONY: test test-fast demo demo-all demo-dape setup clean
+.PHONY: test test-fast demo demo-all demo-dape demo-fox setup clean
 
 # The requirements files pin every version; pyproject.toml names what each part needs (core,
 # [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
@@ -51,6 +51,11 @@ demo-all: $(CORE_STAMP)
 # DAPE's claim: kerple, dape_kerple, bipe_dape_kerple, 1000 steps each, evaluated at 1x..64x.
 demo-dape: $(CORE_STAMP)
 	$(PY) eval/demo.py --output_dir=demo_dape_out --encodings=kerple,dape_kerple,bipe_dape_kerple --steps=1000 --multipliers=1,2,4,8,16,32,64
+
+# Data-dependent positions (issue 38): nope, fox, bipe_fox and cope beside the four of demo-all,
+# on the demo's budget (reusing demo_out's runs of the others when they are there).
+demo-fox: $(CORE_STAMP)
+	$(PY) eval/demo.py --output_dir=demo_out --encodings=rope,bipe_rope,alibi,bipe_alibi,nope,fox,bipe_fox,cope
 
 clean:
 	rm -rf $(VENV) demo_out demo_dape_out

@@ -247,10 +247,11 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                  f'runs {cfg.position_encoding!r} as a per-key bias, which needs positions '
                  'that never decrease between visible tokens: with restart_at_documents, set '
                  'mask_across_documents=True (or use blockwise)')
+  pallas_biases = ('none', 'alibi', 'kerple', 't5', *schemes.FOX_KINDS)
   if cfg.attention_impl == 'pallas' and (cfg.scheme.transform != 'none'
-                                         or cfg.scheme.bias not in ('none', 'alibi', 'kerple', 't5')):
+                                         or cfg.scheme.bias not in pallas_biases):
     raise _err('attention_impl', cfg.attention_impl,
-               f'computes only the ALiBi, Kerple and T5 biases (and none) per tile, not '
+               f'computes only the ALiBi, Kerple, T5 and FoX biases (and none) per tile, not '
                f'{cfg.position_encoding!r}; use blockwise or dense')
   if cfg.kernels not in kernels.KERNELS:
     raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')

@@ -216,6 +216,8 @@ class Attention(nn.Module):
       table_NxH = t5.t5_table_from_weight(weight_NxH, t5.t5_scale(cfg.head_size))
       return (pallas.TileBias('t5', t5_buckets=cfg.t5_buckets,
                               t5_max_distance=cfg.t5_max_distance), table_NxH.T)
+    if s.uses_forget_gate:  # c_q - c_k from the float positions (no parameters in the kernel)
+      return pallas.TileBias('fox'), jnp.zeros((h, 1), jnp.float32)
     if s.bias != 'none':
       raise ValueError(f"attention_impl='pallas' does not cover bias {s.bias!r}.")
     return pallas.TileBias('none'), None
@@ -319,7 +321,10 @@ class Attention(nn.Module):
       batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
       kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=cfg.block_size,
                     block_k=cfg.block_size, batch_axes=batch_axes, head_axes=head_axes)
-      if scheme.bias != 'none':
+      if scheme.uses_forget_gate:
+        c_q, c_k = self._forget_gate_streams(x_BxTxD, q_side, k_side, cache_index)
+        kwargs.update(q_streams=c_q, k_streams=c_k)
+      elif scheme.bias != 'none':
         kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
                       k_streams=k_side.stream(scheme.bias_stream))
     elif scheme.uses_forget_gate:
