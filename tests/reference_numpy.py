@@ -261,13 +261,14 @@ def cope_attention_ref(q_BxHxTxDh, k_BxHxTxDh, v_BxHxTxDh, pos_emb_NxDh):
   for b in range(bsz):
     for h in range(heads):
       for i in range(t_len):
-        score = lambda j: float(np.dot(q[b, h, i], k[b, h, j])) / math.sqrt(dh)
+        scores = [float(np.dot(q[b, h, i], k[b, h, j])) / math.sqrt(dh) for j in range(t_len)]
+        gates = [sig(x) for x in scores]
         logits = []
         for j in range(t_len):
-          p = min(sum(sig(score(t)) for t in range(j, i + 1)), npos - 1)
+          p = min(sum(gates[t] for t in range(j, i + 1)), npos - 1)
           lo, hi = math.floor(p), math.ceil(p)
           e = (1.0 - (p - lo)) * emb[lo] + (p - lo) * emb[hi]
-          logits.append(score(j) + float(np.dot(q[b, h, i], e)) / math.sqrt(dh))
+          logits.append(scores[j] + float(np.dot(q[b, h, i], e)) / math.sqrt(dh))
         weights = _softmax_rows_ref(logits, [j <= i for j in range(t_len)])
         for j in range(t_len):
           out[b, h, i] += weights[j] * v[b, h, j]
