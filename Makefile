@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.test-installed
 TPU_STAMP := $(VENV)/.tpu-installed
 CUDA_STAMP := $(VENV)/.cuda-installed
 
-.PHONY: test test-fast test-gpu demo demo-all demo-dape demo-segments demo-che setup setup-cuda clean
+.PHONY: test test-fast test-gpu demo demo-all demo-dape demo-segments demo-che demo-fox setup setup-cuda clean
 
 # The requirements files pin every version; pyproject.toml names what each part needs (core,
 # [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
@@ -89,6 +89,11 @@ demo-segments: $(CORE_STAMP)
 # scored at 9 lengths (4 in 1..40, 5 in 41..500; README, section CHE); prints table and wall time.
 demo-che: $(CORE_STAMP)
 	$(PY) eval/che_sweep.py --output_dir=demo_che_out --tasks=reverse_string,missing_duplicate_string --encodings=rope,kerple,dape_kerple,bipe_rope --seeds=0 --steps=300 --eval_lengths=1-40:13,41-500:92 --eval_samples=16 --bucket=128
+
+# Data-dependent positions (issue 38): nope, fox, bipe_fox and cope beside the four of demo-all,
+# on the demo's budget (reusing demo_out's runs of the others when they are there).
+demo-fox: $(CORE_STAMP)
+	$(PY) eval/demo.py --output_dir=demo_out --encodings=rope,bipe_rope,alibi,bipe_alibi,nope,fox,bipe_fox,cope
 
 clean:
 	rm -rf $(VENV) demo_out demo_dape_out demo_segments_out demo_che_out

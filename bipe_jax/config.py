@@ -95,6 +95,15 @@ class ModelConfig:
   fire_halve_init_L: bool = True  # official Megatron: L0 = init_L // 2; False: DAPE.py, L0 = init_L
   t5_buckets: int = 32
   t5_max_distance: int = 128
+  # Recipes (bipe_jax/encodings/recipes.py): p-RoPE fraction, NoPE every k-th layer, log-length
+  # query scaling past train_length.
+  rope_fraction: float = 1.0
+  nope_every: int = 0
+  query_log_scale: bool = False
+  # FoX pruning (blockwise): skip key blocks whose attention weights are all below
+  # exp(tolerance) (official log_pruning_tolerance, recommended -10); 0 = off.
+  fox_log_pruning_tolerance: float = 0.0
+  cope_npos: int = 0  # CoPE's position vectors (official: block size + 1); 0 = max_position + 1
 
   def __post_init__(self):
     for field in ('separator_ids', 'paragraph_ids'):
@@ -130,6 +139,10 @@ class ModelConfig:
   def fixed_segment_length(self) -> int:
     """K of separators='fixed:K' (a segment every K tokens), 0 otherwise."""
     return fixed_segment_length(self.separators)
+
+  @property
+  def cope_positions(self) -> int:
+    return self.cope_npos or self.max_position + 1
 
   @property
   def slope_factor(self) -> float:
@@ -177,7 +190,7 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
     value = getattr(cfg, field)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise _err(field, value, 'must be a positive integer')
-  for field in ('num_kv_heads', 'head_dim', 'fire_init_L'):
+  for field in ('num_kv_heads', 'head_dim', 'fire_init_L', 'cope_npos', 'nope_every'):
     value = getattr(cfg, field)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
       raise _err(field, value, 'must be an integer >= 0 (0 = derived default)')
@@ -215,6 +228,15 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if cfg.rope_log_scale and cfg.scheme.rotary == 'hierarchical':
     raise _err('rope_log_scale', True, f'is not defined for {cfg.position_encoding} (two '
                'rotary streams)')
+  if not 0.0 <= cfg.rope_fraction <= 1.0:
+    raise _err('rope_fraction', cfg.rope_fraction, 'must be in [0, 1] (1 = full RoPE)')
+  if not cfg.fox_log_pruning_tolerance <= 0:
+    raise _err('fox_log_pruning_tolerance', cfg.fox_log_pruning_tolerance,
+               'must be a natural log < 0 (0 = off)')
+  if cfg.nope_every and cfg.scan_layers:
+    raise _err('nope_every', cfg.nope_every, 'needs scan_layers=False (the layers differ)')
+  if cfg.query_log_scale and cfg.train_length < 2:
+    raise _err('train_length', cfg.train_length, 'must be >= 2 with query_log_scale')
   if cfg.rope_log_scale and cfg.train_length < 2:
     raise _err('train_length', cfg.train_length, 'must be >= 2 with rope_log_scale')
   if not cfg.alibi_slope_factor >= 0:

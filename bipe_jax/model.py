@@ -38,6 +38,7 @@ DAPE V2 note: a convolution over keys with 'same' padding sees the sequence end;
 end is the cache length max_len, so decoded logits equal a full forward over max_len tokens.
 """
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable, Optional
@@ -58,11 +59,14 @@ from bipe_jax import remat as remat_lib
 from bipe_jax.config import ModelConfig
 from bipe_jax.encodings import absolute
 from bipe_jax.encodings import alibi
+from bipe_jax.encodings import cope
 from bipe_jax.encodings import dape
 from bipe_jax.encodings import fire
+from bipe_jax.encodings import fox
 from bipe_jax.encodings import hierarchical
 from bipe_jax.encodings import initializers
 from bipe_jax.encodings import kerple
+from bipe_jax.encodings import recipes
 from bipe_jax.encodings import rope
 from bipe_jax.encodings import t5
 from bipe_jax.encodings import two_sided
@@ -126,6 +130,7 @@ def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array,
   """
   inv_freq = rope.rope_inv_frequencies(cfg.head_size, cfg.rope_base, cfg.rope_scaling,
                                        cfg.rope_scaling_factor, cfg.rope_original_length)
+  inv_freq = recipes.partial_rotary_frequencies(inv_freq, cfg.rope_fraction)
   mscale = rope.rope_attention_scale(cfg.rope_scaling, cfg.rope_scaling_factor)
   return kernels_lib.select(cfg.kernels).rope_cos_sin(positions_BxT, inv_freq, mscale,
                                                       num_positions)
@@ -238,9 +243,40 @@ class Attention(nn.Module):
       table_NxH = t5.t5_table_from_weight(weight_NxH, t5.t5_scale(cfg.head_size))
       return (pallas.TileBias('t5', t5_buckets=cfg.t5_buckets,
                               t5_max_distance=cfg.t5_max_distance), table_NxH.T)
+    if s.uses_forget_gate:  # c_q - c_k from the float positions (no parameters in the kernel)
+      return pallas.TileBias('fox'), jnp.zeros((h, 1), jnp.float32)
     if s.bias != 'none':
       raise ValueError(f"attention_impl='pallas' does not cover bias {s.bias!r}.")
     return pallas.TileBias('none'), None
+
+  def _forget_gate_streams(self, x_BxTxD: jax.Array, q_side: Side, k_side: Side,
+                           cache_index: jax.Array) -> tuple:
+    """FoX's cumulative log forget gates (c of the queries [B, Q, H], c of the keys [B, K, H],
+    float32; encodings/fox.py). Decoding keeps c of every cache slot ('fox_c'), so a chunk
+    continues from the c of the slot before it; with a context axis, c is a prefix sum carried
+    across the shards."""
+    cfg, s = self.config, self.config.scheme
+    t = x_BxTxD.shape[1]
+    log_f = fox.ForgetGate(cfg.num_heads, data_dependent=s.bias == 'fox',
+                           name='forget_gate')(x_BxTxD)
+    starts = None
+    if s.bias_stream == 'inter':  # bilevel: gates only at the first token of each segment
+      starts = fox.segment_starts(q_side.intra, q_side.inter, q_side.valid)
+    log_f = fox.masked_log_gates(log_f, q_side.valid, starts)
+    if self.decode:
+      initialized = self.has_variable('cache', 'fox_c')
+      cached = self.variable('cache', 'fox_c', jnp.zeros, log_f.shape, jnp.float32)
+      if initialized:
+        before = jax.lax.dynamic_index_in_dim(cached.value, jnp.maximum(cache_index - 1, 0),
+                                              axis=1, keepdims=False)
+        c_q = fox.cumulative_log_gates(log_f, jnp.where(cache_index > 0, before, 0.0))
+        cached.value = jax.lax.dynamic_update_slice(cached.value, c_q, (0, cache_index, 0))
+        return c_q, cached.value
+    if context_parallel.active(t):
+      c = context_parallel.global_cumsum(log_f)
+    else:
+      c = fox.cumulative_log_gates(log_f)
+    return c, c
 
   def _transform_fn(self) -> tuple:
     """(transform_fn(scores, bias, q_pos, k_pos, k_in_range) or None, halo)."""
@@ -268,6 +304,9 @@ class Attention(nn.Module):
     q = proj('query', (d, h, dh), ('embed', 'heads', 'head_dim'), 'btd,dhk->bhtk')(x_BxTxD)
     k = proj('key', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
     v = proj('value', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
+    if cfg.query_log_scale:  # recipes.py: log-length scaling past the training length
+      q = q * rope.rope_log_scale(q_side.token, cfg.train_length,
+                                  min_scale=1.0)[:, None, :, None].astype(q.dtype)
 
     if scheme.rotary != 'none':
       if cfg.rope_log_scale:  # config.py: not with the hierarchical rotary
@@ -294,6 +333,13 @@ class Attention(nn.Module):
     if self.decode and impl in (*attention_lib.FUSED_IMPLS, *attention_support.TILE_BIAS_IMPLS):
       impl = 'dense'
     transform_fn, halo = self._transform_fn()
+    if scheme.transform == 'cope':  # dense only (encodings/cope.py)
+      if context_parallel.active(q.shape[2]) and not self.decode:
+        raise ValueError('cope: context parallelism is not supported (CoPE runs densely).')
+      cope.check_length(k.shape[2])
+      impl = 'dense'
+      qe = cope.CopeEmbedding(cfg.cope_positions, name='cope')(q)
+      transform_fn = cope.cope_transform(qe, 1.0 / math.sqrt(dh))
     kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, transform_fn=transform_fn)
     if impl in attention_lib.FUSED_IMPLS and scheme.bias == 'alibi':
       # ALiBi as a per-key bias (alibi.alibi_key_bias: equal after the softmax)
@@ -304,9 +350,17 @@ class Attention(nn.Module):
       batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
       kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=cfg.block_size,
                     block_k=cfg.block_size, batch_axes=batch_axes, head_axes=head_axes)
-      if scheme.bias != 'none':
+      if scheme.uses_forget_gate:
+        c_q, c_k = self._forget_gate_streams(x_BxTxD, q_side, k_side, cache_index)
+        kwargs.update(q_streams=c_q, k_streams=c_k)
+      elif scheme.bias != 'none':
         kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
                       k_streams=k_side.stream(scheme.bias_stream))
+    elif scheme.uses_forget_gate:
+      c_q, c_k = self._forget_gate_streams(x_BxTxD, q_side, k_side, cache_index)
+      kwargs.update(bias_fn=fox.fox_bias, q_streams=c_q, k_streams=c_k)
+      if impl == 'blockwise' and cfg.fox_log_pruning_tolerance < 0:
+        kwargs.update(block_prune=fox.block_prune(cfg.fox_log_pruning_tolerance))
     elif (bias_fn := self._bias_fn()) is not None:
       if not cfg.causal:  # encoder mode: the same bias on the right of the query
         bias_fn = two_sided.two_sided_bias(bias_fn)
@@ -578,9 +632,11 @@ class Transformer(nn.Module):
       x, _ = stack(cfg, decode, mask_keys, name=SCANNED_LAYERS)(x, q_side, k_side, cache_index)
     else:
       layer_cls = remat_lib.remat_layer(DecoderLayer, cfg.remat, scanned=False)
+      nope_cfg = dataclasses.replace(cfg, position_encoding='nope', rope_fraction=1.0)
       for i in range(cfg.num_layers):
-        x = layer_cls(cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side,
-                                                                 cache_index)
+        layer_cfg = nope_cfg if recipes.is_nope_layer(i, cfg.nope_every) else cfg
+        x = layer_cls(layer_cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side,
+                                                                       cache_index)
     x = RMSNorm(cfg.rms_eps, dtype, name='final_norm')(x)
     if return_hidden:
       return x

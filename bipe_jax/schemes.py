@@ -8,8 +8,11 @@ Position streams (bipe_jax.positions): token (0..T-1), intra (offset in the segm
              levels of hierarchical BiPE ('hierarchical': sentence-in-paragraph and paragraph
              indices on alternate frequencies, bipe_jax/encodings/hierarchical.py);
   bias       an additive [B, H, Q, K] logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5'),
-             computed from `bias_stream` ('token' | 'inter');
-  transform  a function of (scores, bias) over all heads ('none' | 'dape_v1' | 'dape_v2').
+             computed from `bias_stream` ('token' | 'inter'); or a forget-gate bias
+             ('fox': data-dependent, 'fox_bias_only': data-independent; encodings/fox.py),
+             gated at every token ('token') or only at segment starts ('inter': bilevel);
+  transform  a function of (scores, bias) over all heads ('none' | 'dape_v1' | 'dape_v2'), or
+             of the scores and the queries ('cope': encodings/cope.py, dense only).
 
 The model reads a `Scheme` and never branches on the name, so a new combination is one line here.
 """
@@ -20,8 +23,9 @@ from typing import Dict, Tuple
 INPUT_KINDS = ('none', 'sinusoidal', 'learned')
 STREAMS = ('token', 'intra', 'inter')
 ROTARY_KINDS = ('none', 'token', 'inter', 'hierarchical')
-BIAS_KINDS = ('none', 'alibi', 'kerple', 'fire', 't5')
-TRANSFORM_KINDS = ('none', 'dape_v1', 'dape_v2')
+BIAS_KINDS = ('none', 'alibi', 'kerple', 'fire', 't5', 'fox', 'fox_bias_only')
+FOX_KINDS = ('fox', 'fox_bias_only')  # biases c_i - c_j from forget gates (float streams)
+TRANSFORM_KINDS = ('none', 'dape_v1', 'dape_v2', 'cope')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +38,10 @@ class Scheme:
     input_stream: the stream indexing it ('token' | 'intra'); learned(token) uses the
       `abs_embed` table (size max_position), learned(intra) the `intra_embed` table (max_intra).
     rotary: the stream RoPE rotates q and k by ('none' | 'token' | 'inter' | 'hierarchical').
-    bias: additive logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5').
+    bias: additive logit bias ('none' | 'alibi' | 'kerple' | 'fire' | 't5' | 'fox' |
+      'fox_bias_only').
     bias_stream: the stream the bias is a function of ('token' | 'inter').
-    transform: score transform over heads ('none' | 'dape_v1' | 'dape_v2').
+    transform: score transform ('none' | 'dape_v1' | 'dape_v2' | 'cope').
     alibi_slope_factor: slope multiplier used when `model.alibi_slope_factor` is 0 (96 for
       BiPE-ALiBi, as the official code; 1 for ALiBi).
   """
@@ -57,7 +62,7 @@ class Scheme:
     for field, value, allowed in checks:
       if value not in allowed:
         raise ValueError(f'Scheme {self.name!r}: {field}={value!r} is not one of {allowed}.')
-    if self.transform != 'none' and self.bias == 'none':
+    if self.transform.startswith('dape') and self.bias == 'none':
       raise ValueError(f'Scheme {self.name!r}: a DAPE transform needs a bias to adapt.')
 
   @property
@@ -82,6 +87,10 @@ class Scheme:
     return self.rotary == 'hierarchical'
 
   @property
+  def uses_forget_gate(self) -> bool:
+    return self.bias in FOX_KINDS
+
+  @property
   def has_bias_or_transform(self) -> bool:
     return self.bias != 'none' or self.transform != 'none'
 
@@ -99,6 +108,9 @@ _SCHEMES: Tuple[Scheme, ...] = (
     Scheme('kerple', bias='kerple'),
     Scheme('fire', bias='fire'),
     Scheme('t5', bias='t5'),
+    Scheme('fox', bias='fox'),
+    Scheme('fox_bias_only', bias='fox_bias_only'),
+    Scheme('cope', transform='cope'),
     Scheme('dape_alibi', bias='alibi', transform='dape_v1'),
     Scheme('dape_kerple', bias='kerple', transform='dape_v1'),
     Scheme('dape_fire', bias='fire', transform='dape_v1'),
@@ -107,6 +119,8 @@ _SCHEMES: Tuple[Scheme, ...] = (
     _bipe('bipe_alibi', bias='alibi', bias_stream='inter', alibi_slope_factor=96.0),
     _bipe('bipe_kerple', bias='kerple', bias_stream='inter'),
     _bipe('bipe_fire', bias='fire', bias_stream='inter'),
+    _bipe('bipe_fox', bias='fox', bias_stream='inter'),
+    _bipe('bipe_fox_bias_only', bias='fox_bias_only', bias_stream='inter'),
     _bipe('bipe_dape_kerple', bias='kerple', bias_stream='inter', transform='dape_v1'),
     _bipe('bipe3_rope', rotary='hierarchical'),  # hierarchical BiPE (docs/design.md)
 )

@@ -198,3 +198,96 @@ def block_nll_loop(forward, params, tokens_NxL, mask_NxL):
         total += log_z - row[tokens_NxL[n, t]]
         count += 1
   return total, count
+
+
+def _softmax_rows_ref(logits_row, visible_row):
+  """Softmax over the visible entries of one row (a list), zeros elsewhere; all-hidden -> 0."""
+  seen = [x for x, v in zip(logits_row, visible_row) if v]
+  if not seen:
+    return [0.0] * len(logits_row)
+  top = max(seen)
+  weights = [math.exp(x - top) if v else 0.0 for x, v in zip(logits_row, visible_row)]
+  total = sum(weights)
+  return [w / total for w in weights]
+
+
+def segment_starts_ref(tokens_BxT, separator_ids, valid_BxT):
+  """bool [B, T]: the valid token right after a separator (padding between them skipped)."""
+  tokens_BxT, valid_BxT = np.asarray(tokens_BxT), np.asarray(valid_BxT, bool)
+  out = np.zeros(tokens_BxT.shape, bool)
+  for b in range(tokens_BxT.shape[0]):
+    prev_is_sep = False
+    for t in range(tokens_BxT.shape[1]):
+      if not valid_BxT[b, t]:
+        continue
+      out[b, t] = prev_is_sep
+      prev_is_sep = int(tokens_BxT[b, t]) in set(separator_ids)
+  return out
+
+
+def fox_attention_ref(q_BxHxTxDh, k_BxHxTxDh, v_BxHxTxDh, log_f_BxTxH, valid_BxT=None):
+  """Forgetting attention, causal, float64, one logit at a time: q_i . k_j / sqrt(Dh) plus
+  sum_{l = j+1 .. i} log f_l (the literal sum, no prefix sums); padding keys (valid False) are
+  hidden, and their log f still counts (callers zero it). Returns [B, H, T, Dh]."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q_BxHxTxDh, k_BxHxTxDh, v_BxHxTxDh))
+  log_f = np.asarray(log_f_BxTxH, np.float64)
+  bsz, heads, t_len, dh = q.shape
+  valid = np.ones((bsz, t_len), bool) if valid_BxT is None else np.asarray(valid_BxT, bool)
+  out = np.zeros(q.shape)
+  for b in range(bsz):
+    for h in range(heads):
+      for i in range(t_len):
+        logits, visible = [], []
+        for j in range(t_len):
+          decay = sum(log_f[b, l, h] for l in range(j + 1, i + 1))
+          logits.append(float(np.dot(q[b, h, i], k[b, h, j])) / math.sqrt(dh) + decay)
+          visible.append(j <= i and valid[b, j])
+        weights = _softmax_rows_ref(logits, visible)
+        for j in range(t_len):
+          out[b, h, i] += weights[j] * v[b, h, j]
+  return out
+
+
+def cope_attention_ref(q_BxHxTxDh, k_BxHxTxDh, v_BxHxTxDh, pos_emb_NxDh):
+  """CoPE attention, causal, float64, one pair at a time: g_it = sigmoid(q_i . k_t / sqrt(Dh)),
+  p_ij = min(sum_{t = j .. i} g_it, npos - 1), logit q_i . k_j / sqrt(Dh) + q_i . e(p_ij) /
+  sqrt(Dh), e(p) linear between e[floor p] and e[ceil p]. Returns [B, H, T, Dh]."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q_BxHxTxDh, k_BxHxTxDh, v_BxHxTxDh))
+  emb = np.asarray(pos_emb_NxDh, np.float64)
+  npos = emb.shape[0]
+  bsz, heads, t_len, dh = q.shape
+  sig = lambda x: 1.0 / (1.0 + math.exp(-x))
+  out = np.zeros(q.shape)
+  for b in range(bsz):
+    for h in range(heads):
+      for i in range(t_len):
+        scores = [float(np.dot(q[b, h, i], k[b, h, j])) / math.sqrt(dh) for j in range(t_len)]
+        gates = [sig(x) for x in scores]
+        logits = []
+        for j in range(t_len):
+          p = min(sum(gates[t] for t in range(j, i + 1)), npos - 1)
+          lo, hi = math.floor(p), math.ceil(p)
+          e = (1.0 - (p - lo)) * emb[lo] + (p - lo) * emb[hi]
+          logits.append(scores[j] + float(np.dot(q[b, h, i], e)) / math.sqrt(dh))
+        weights = _softmax_rows_ref(logits, [j <= i for j in range(t_len)])
+        for j in range(t_len):
+          out[b, h, i] += weights[j] * v[b, h, j]
+  return out
+
+
+def numerical_grads(fn, arrays, eps=1e-6):
+  """Central differences (float64) of the scalar fn(*arrays) with respect to every array."""
+  arrays = [np.array(a, np.float64) for a in arrays]
+  grads = []
+  for a in arrays:
+    g = np.zeros_like(a)
+    for index in np.ndindex(a.shape):
+      old = a[index]
+      a[index] = old + eps
+      up = fn(*arrays)
+      a[index] = old - eps
+      down = fn(*arrays)
+      a[index] = old
+      g[index] = (up - down) / (2 * eps)
+    grads.append(g)
+  return grads

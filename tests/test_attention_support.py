@@ -11,10 +11,11 @@ from bipe_jax.schemes import SCHEME_NAMES, get_scheme
 NO_BIAS = {'nope', 'sinusoidal', 'learned', 'rope', 'bipe_rope', 'bipe3_rope'}
 FUSED = NO_BIAS | {'alibi', 'bipe_alibi'}
 PALLAS = FUSED | {'kerple', 't5', 'bipe_kerple'}
+FOX = {'fox', 'fox_bias_only', 'bipe_fox', 'bipe_fox_bias_only'}  # a TPU-kernel bias kind
 EXPECTED = {'auto': set(SCHEME_NAMES), 'dense': set(SCHEME_NAMES),
             'blockwise': set(SCHEME_NAMES), 'fused': FUSED,
             'cudnn': NO_BIAS,  # cuDNN refused ALiBi's per-key bias on an H200
-            'pallas': PALLAS, 'pallas_gpu': PALLAS}
+            'pallas': PALLAS | FOX, 'pallas_gpu': PALLAS}
 
 
 def test_the_table_names_every_implementation():

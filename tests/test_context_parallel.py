@@ -27,7 +27,10 @@ T, CONTEXT = 64, 4  # 4 shards of 16 tokens
 ENCODINGS = {  # encoding -> attention_impl: every impl takes the gathered-keys path (blockwise
   #             runs as dense inside a shard for now: context_parallel.gathered_kv_attention)
     'rope': 'dense', 'bipe_rope': 'blockwise', 'alibi': 'fused', 'bipe_alibi': 'blockwise',
-    'bipe3_rope': 'blockwise'}
+    'bipe3_rope': 'blockwise',
+    # the bilevel forget gate: c is a prefix sum carried across the shards
+    # (context_parallel.global_cumsum); fox differs only in where the gates act
+    'bipe_fox': 'blockwise'}
 
 
 def boundary_tokens(rows: int = 4, seed: int = 0) -> np.ndarray:

@@ -155,6 +155,7 @@ TOKENS = jnp.asarray(np.random.default_rng(1).integers(0, 16, (2, 20)), jnp.int3
     ('kerple', {}),
     ('t5', {'pad_id': 0}),
     ('rope', {}),
+    ('bipe_fox', {'pad_id': 0}),  # FoX's float positions, their gradient from the kernel
 ])
 def test_model_with_pallas_equals_dense(name, extra):
   dense, kernel = _model(name, 'dense', **extra), _model(name, 'pallas', **extra)
@@ -178,5 +179,5 @@ def test_model_with_pallas_equals_dense(name, extra):
 
 def test_config_refuses_the_encodings_the_kernel_does_not_cover():
   for name in ('fire', 'dape_kerple'):
-    with pytest.raises(ValueError, match="attention_impl.*computes only the ALiBi, Kerple"):
+    with pytest.raises(ValueError, match="attention_impl.*computes only the ALiBi, Kerple, T5"):
       _model(name, 'pallas')

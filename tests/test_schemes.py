@@ -8,7 +8,8 @@ from bipe_jax import schemes
 from bipe_jax.schemes import SCHEME_NAMES, Scheme, get_scheme
 
 # the schemes that read segments (the paper's BiPE family), written out by hand
-BILEVEL = {'bipe_rope', 'bipe_alibi', 'bipe_kerple', 'bipe_fire', 'bipe_dape_kerple', 'bipe3_rope'}
+BILEVEL = {'bipe_rope', 'bipe_alibi', 'bipe_kerple', 'bipe_fire', 'bipe_dape_kerple', 'bipe3_rope',
+           'bipe_fox', 'bipe_fox_bias_only'}
 
 # name -> (input, input_stream, rotary, bias, bias_stream, transform), written out by hand from
 # the papers' descriptions (docs/design.md) (input_stream / bias_stream only where they matter).
@@ -21,6 +22,9 @@ EXPECTED = {
     'kerple': ('none', None, 'none', 'kerple', 'token', 'none'),
     'fire': ('none', None, 'none', 'fire', 'token', 'none'),
     't5': ('none', None, 'none', 't5', 'token', 'none'),
+    'fox': ('none', None, 'none', 'fox', 'token', 'none'),
+    'fox_bias_only': ('none', None, 'none', 'fox_bias_only', 'token', 'none'),
+    'cope': ('none', None, 'none', 'none', None, 'cope'),
     'dape_alibi': ('none', None, 'none', 'alibi', 'token', 'dape_v1'),
     'dape_kerple': ('none', None, 'none', 'kerple', 'token', 'dape_v1'),
     'dape_fire': ('none', None, 'none', 'fire', 'token', 'dape_v1'),
@@ -29,6 +33,8 @@ EXPECTED = {
     'bipe_alibi': ('learned', 'intra', 'none', 'alibi', 'inter', 'none'),
     'bipe_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'none'),
     'bipe_fire': ('learned', 'intra', 'none', 'fire', 'inter', 'none'),
+    'bipe_fox': ('learned', 'intra', 'none', 'fox', 'inter', 'none'),
+    'bipe_fox_bias_only': ('learned', 'intra', 'none', 'fox_bias_only', 'inter', 'none'),
     'bipe_dape_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'dape_v1'),
     'bipe3_rope': ('learned', 'intra', 'hierarchical', 'none', None, 'none'),
 }
@@ -36,7 +42,7 @@ EXPECTED = {
 
 def test_names_are_exactly_the_spec_list():
   assert SCHEME_NAMES == tuple(EXPECTED)
-  assert len(set(SCHEME_NAMES)) == 18
+  assert len(set(SCHEME_NAMES)) == 23
 
 
 @pytest.mark.parametrize('name', SCHEME_NAMES)
@@ -53,7 +59,8 @@ def test_hooks(name):
   assert s.bilevel == (name in BILEVEL)
   assert s.uses_paragraphs == (name == 'bipe3_rope')
   assert s.uses_learned_absolute == (name == 'learned')
-  assert s.has_bias_or_transform == (bias != 'none')
+  assert s.has_bias_or_transform == (bias != 'none' or transform != 'none')
+  assert s.uses_forget_gate == bias.startswith('fox')
   assert s.alibi_slope_factor == (96.0 if name == 'bipe_alibi' else 1.0)
 
 

@@ -153,3 +153,21 @@ def gathered_kv_attention(attend: Callable[..., jax.Array], q_BxHxTxDh: jax.Arra
   fn = jax.shard_map(local, in_specs=(head_spec, head_spec, head_spec, specs),
                      out_specs=head_spec, check_vma=False)
   return fn(q_BxHxTxDh, k_BxGxTxDh, v_BxGxTxDh, arrays)
+
+
+def global_cumsum(x_BxTxN: jax.Array) -> jax.Array:
+  """The inclusive prefix sum along T (float32) of an array [B, T, N] whose T axis is sharded
+  over the context axis: each shard sums its own slice, the shard totals [C, B, N] are
+  all-gathered, and each shard adds the totals of the shards before it (FoX's cumulative log
+  forget gates: a carry like the bilevel positions'). Call under a mesh where `active(T)`."""
+  mesh = _mesh()
+  b = x_BxTxN.shape[0]
+  spec = P(_axes_dividing(mesh, _ROW_AXES, b), CONTEXT_AXIS, None)
+
+  def local(x):
+    c = jnp.cumsum(x.astype(jnp.float32), axis=1)
+    totals = jax.lax.all_gather(c[:, -1], CONTEXT_AXIS)  # [C, b, N]
+    earlier = jnp.arange(totals.shape[0]) < jax.lax.axis_index(CONTEXT_AXIS)
+    return c + jnp.sum(jnp.where(earlier[:, None, None], totals, 0.0), axis=0)[:, None, :]
+
+  return jax.shard_map(local, in_specs=spec, out_specs=spec)(x_BxTxN)

@@ -159,7 +159,8 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
                         causal: bool = True,
                         scale: Optional[float] = None,
                         block_size: int = 128,
-                        kernels: str = 'auto') -> jax.Array:
+                        kernels: str = 'auto',
+                        block_prune=None) -> jax.Array:
   """Flash-style attention, equal to `dense_attention` (outputs and gradients, float32).
 
   Query blocks are a `lax.scan`; inside each, a `lax.scan` over key blocks keeps the running
@@ -175,6 +176,8 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
 
   `transform_halo`: see the module docstring (DAPE V2 needs 2 * (kernel // 2)).
   `kernels`: the backend path of the one-block case (`dense_attention`'s softmax core).
+  `block_prune`: skip key blocks whose bias bound is below a threshold (flash_attention.py;
+  FoX's pruning, encodings/fox.py); the one-block case prunes nothing.
   Returns [B, H, Q, Dh] in q's dtype.
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
@@ -199,7 +202,7 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
       q, k, v, q_pos=q_pos, k_pos=k_pos, q_streams=q_streams, k_streams=k_streams,
       bias_fn=bias_fn, transform_fn=transform_fn, transform_halo=transform_halo,
       k_valid=k_valid, q_document=q_document, k_document=k_document, mask_fn=mask_fn,
-      causal=causal, scale=scale, block_size=block_size)
+      causal=causal, scale=scale, block_size=block_size, block_prune=block_prune)
 
 
 def fused_attention(q_BxHxQxDh: jax.Array,

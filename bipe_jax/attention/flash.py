@@ -34,6 +34,11 @@ Parameters. `bias_fn` / `transform_fn` close over their parameters (the model bu
 gradient into an explicit argument of the custom VJP, so the public callback signatures stay
 as they are and the gradients of ALiBi-free biases (Kerple p / a, FIRE's MLP, T5's table,
 DAPE's weights) flow through the recomputed blocks.
+
+Float streams. Leaves of q_streams / k_streams with a floating dtype (FoX's cumulative log
+forget gates c [B, T, H], encodings/fox.py) are activations: they travel as a differentiable
+argument of the custom VJP, sliced per block like the integer streams, and their cotangents
+are accumulated block by block (query side beside dQ, key side beside dK; O(T)).
 """
 
 import functools
@@ -81,16 +86,33 @@ def _tied_to(q: jax.Array, x: jax.Array) -> jax.Array:
   return x + zero.astype(x.dtype)
 
 
+def _split_floats(tree):
+  """(the tree's leaves with the floating ones replaced by None, the floating leaves, treedef)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  floating = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
+  others = [None if f else x for x, f in zip(leaves, floating)]
+  return others, [x for x, f in zip(leaves, floating) if f], treedef
+
+
+def _merge_floats(others, floats, treedef):
+  """The inverse of `_split_floats`: the pytree with the floating leaves put back."""
+  floats = iter(floats)
+  return jax.tree.unflatten(treedef, [next(floats) if x is None else x for x in others])
+
+
 def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array,
                               k_pos: jax.Array, q_streams: Any, k_streams: Any, bias_fn,
                               transform_fn, transform_halo: int, k_valid: Optional[jax.Array],
                               q_document: Optional[jax.Array],
                               k_document: Optional[jax.Array], mask_fn, causal: bool,
-                              scale: float, block_size: int) -> jax.Array:
+                              scale: float, block_size: int, block_prune=None) -> jax.Array:
   """Blockwise attention [B, H, Q, Dh] (q's dtype) with the linear-memory backward.
 
   Arguments are those of `attention.blockwise_attention`, already checked; q_streams /
-  k_streams are not None (the caller substitutes the positions).
+  k_streams are not None (the caller substitutes the positions). `block_prune`: None, or
+  (threshold_fn(q, k) -> scalar, bound_fn(q_streams_blk, k_streams_blk) -> scalar): a key block
+  whose bias bound is below the threshold is skipped in both passes (FoX's pruning,
+  encodings/fox.py).
   """
   b, h, nq_tok, d = q.shape
   g, nk_tok = k.shape[1], k.shape[2]
@@ -119,24 +141,35 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
   # The positions, streams and masks travel as explicit (non-differentiated) arguments of the
   # custom VJP below, never as closed-over values: closed-over tracers of an enclosing
   # transformation (nn.scan over layers, shard_map) would leak into the backward pass.
-  side = dict(q_pos=q_pos_p, q_streams=q_streams_p, q_doc=q_doc_p, k_pos=k_pos_p,
-              k_streams=k_streams_p, k_valid=k_valid_p, k_doc=k_doc_p)
+  # Float streams are differentiable inputs (`fs`); the side keeps the others.
+  q_other, q_floats, q_def = _split_floats(q_streams_p)
+  k_other, k_floats, k_def = _split_floats(k_streams_p)
+  side = dict(q_pos=q_pos_p, q_streams=q_other, q_doc=q_doc_p, k_pos=k_pos_p,
+              k_streams=k_other, k_valid=k_valid_p, k_doc=k_doc_p)
   side = jax.tree.map(functools.partial(_tied_to, q_p), side)
+  fs = jax.tree.map(functools.partial(_tied_to, q_p), dict(q=q_floats, k=k_floats))
 
-  def q_block(side, i):
-    """The integer / boolean side data of query block i."""
+  def q_block(side, i, q_fl):
+    """The side data of query block i, with its slices `q_fl` of the float streams."""
     sl = lambda x: blocks.slice_block(x, i * bq, bq, 1)
-    return dict(pos=sl(side['q_pos']), streams=jax.tree.map(sl, side['q_streams']),
+    streams = _merge_floats(jax.tree.map(sl, side['q_streams']), q_fl, q_def)
+    return dict(pos=sl(side['q_pos']), streams=streams,
                 doc=None if side['q_doc'] is None else sl(side['q_doc']))
 
-  def k_block(side, j):
-    """The side data of key block j: widened by the halo ('_ext') and cropped."""
+  def k_block(side, j, k_fl_ext):
+    """The side data of key block j: widened by the halo ('_ext') and cropped; `k_fl_ext` are
+    the float streams' slices over the widened block."""
     ext = lambda x: blocks.slice_block(x, j * bk, bk_ext, 1)
     mid = lambda x: blocks.slice_block(x, j * bk + halo, bk, 1)
-    return dict(pos_ext=ext(side['k_pos']), streams_ext=jax.tree.map(ext, side['k_streams']),
+    crop = lambda x: jax.lax.slice_in_dim(x, halo, halo + bk, axis=1)
+    streams_ext = _merge_floats(jax.tree.map(ext, side['k_streams']), k_fl_ext, k_def)
+    return dict(pos_ext=ext(side['k_pos']), streams_ext=streams_ext,
                 valid_ext=ext(side['k_valid']), pos=mid(side['k_pos']),
-                streams=jax.tree.map(mid, side['k_streams']), valid=mid(side['k_valid']),
+                streams=jax.tree.map(crop, streams_ext), valid=mid(side['k_valid']),
                 doc=None if side['k_doc'] is None else mid(side['k_doc']))
+
+  q_fl_of = lambda fs, i: [blocks.slice_block(x, i * bq, bq, 1) for x in fs['q']]
+  k_fl_of = lambda fs, j: [blocks.slice_block(x, j * bk, bk_ext, 1) for x in fs['k']]
 
   def logits_of(q_blk, k_ext, qs, ks, *params):
     """Pre-mask logits of one block, cropped to its bk keys: float32 [B, H, bq, bk]."""
@@ -146,31 +179,37 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
     return jax.lax.slice_in_dim(logits, halo, halo + bk, axis=3)
 
   # Hoist the parameters bias_fn / transform_fn close over into explicit arguments.
-  example = (blocks.slice_block(q_p, 0, bq, 2), blocks.slice_block(k_p, 0, bk_ext, 2), q_block(side, 0),
-             k_block(side, 0))
+  example = (blocks.slice_block(q_p, 0, bq, 2), blocks.slice_block(k_p, 0, bk_ext, 2),
+             q_block(side, 0, q_fl_of(fs, 0)), k_block(side, 0, k_fl_of(fs, 0)))
   block_logits, params = jax.closure_convert(logits_of, *example)
 
   def visible(qs, ks):
     return blocks.visible(qs['pos'], ks['pos'], causal, ks['valid'], qs['doc'], ks['doc'], mask_fn,
                       qs['streams'], ks['streams'])
 
-  def key_blocks(side, step, carry, qs):
-    """Scans `step(carry, j, ks)` over the key blocks, skipping those above the diagonal."""
+  def key_blocks(side, fs, step, carry, qs, threshold):
+    """Scans `step(carry, j, ks)` over the key blocks, skipping those above the diagonal (and
+    those `block_prune` prunes: bound < threshold)."""
 
     def body(carry, j):
-      ks = k_block(side, j)
-      if not causal:
+      ks = k_block(side, j, k_fl_of(fs, j))
+      if not causal and block_prune is None:
         return step(carry, j, ks), None
-      needed = jnp.min(ks['pos']) <= jnp.max(qs['pos'])
+      needed = jnp.min(ks['pos']) <= jnp.max(qs['pos']) if causal else jnp.bool_(True)
+      if block_prune is not None:
+        needed = needed & (block_prune[1](qs['streams'], ks['streams']) >= threshold)
       return jax.lax.cond(needed, lambda c: step(c, j, ks), lambda c: c, carry), None
 
     return jax.lax.scan(body, carry, jnp.arange(nkb))[0]
 
-  def forward(q_p, k_p, v_p, params, side):
+  threshold_of = lambda q_p, k_p: None if block_prune is None else block_prune[0](q_p, k_p)
+
+  def forward(q_p, k_p, v_p, params, fs, side):
     """(output [B, H, nqb * bq, Dh] in q's dtype, log-sum-exp [B, H, nqb * bq, 1] float32)."""
+    threshold = threshold_of(q_p, k_p)
 
     def query_step(_, i):
-      q_blk, qs = blocks.slice_block(q_p, i * bq, bq, 2), q_block(side, i)
+      q_blk, qs = blocks.slice_block(q_p, i * bq, bq, 2), q_block(side, i, q_fl_of(fs, i))
 
       def step(carry, j, ks):
         m, l, acc = carry
@@ -187,7 +226,7 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
 
       init = (jnp.full((b, h, bq, 1), NEG_INF, _F32), jnp.zeros((b, h, bq, 1), _F32),
               jnp.zeros((b, h, bq, d), _F32))
-      m, l, acc = key_blocks(side, step, init, qs)
+      m, l, acc = key_blocks(side, fs, step, init, qs, threshold)
       seen = l > 0.0  # rows with no visible key: output 0, log-sum-exp 0 (never used)
       out = acc / jnp.where(seen, l, 1.0)
       lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
@@ -197,21 +236,24 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
     unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(b, h, nqb * bq, x.shape[-1])
     return unblock(out_N), unblock(lse_N)
 
-  def backward(q_p, k_p, v_p, params, side, out_p, lse_p, d_out_p):
-    """(dQ, dK, dV, dparams) from the saved output and log-sum-exp; blocks recomputed."""
+  def backward(q_p, k_p, v_p, params, fs, side, out_p, lse_p, d_out_p):
+    """(dQ, dK, dV, dparams, dfs) from the saved output and log-sum-exp; blocks recomputed."""
     delta_p = jnp.sum(d_out_p.astype(_F32) * out_p.astype(_F32), axis=-1, keepdims=True)
+    threshold = threshold_of(q_p, k_p)
 
     def query_step(carry, i):
       sl = lambda x: blocks.slice_block(x, i * bq, bq, 2)
-      q_blk, qs = sl(q_p), q_block(side, i)
+      q_blk, q_fl = sl(q_p), q_fl_of(fs, i)
+      qs = q_block(side, i, q_fl)
       d_out_blk, lse_blk, delta_blk = sl(d_out_p), sl(lse_p), sl(delta_p)
       d_out_g = _grouped(d_out_blk.astype(v_p.dtype), g)
 
       def step(carry, j, ks):
-        d_q, d_k, d_v, d_params = carry
+        d_q, d_q_fl, d_k, d_v, d_params, d_k_fl = carry
         k_ext = blocks.slice_block(k_p, j * bk, bk_ext, 2)
-        logits, logits_vjp = jax.vjp(
-            lambda q_, k_, p_: block_logits(q_, k_, qs, ks, *p_), q_blk, k_ext, params)
+        logits_fn = lambda q_, k_, p_, qf_, kf_: block_logits(
+            q_, k_, q_block(side, i, qf_), k_block(side, j, kf_), *p_)
+        logits, logits_vjp = jax.vjp(logits_fn, q_blk, k_ext, params, q_fl, k_fl_of(fs, j))
         vis = visible(qs, ks)
         p = jnp.where(vis, jnp.exp(jnp.where(vis, logits, NEG_INF) - lse_blk), 0.0)
         v_blk = blocks.slice_block(v_p, j * bk + halo, bk, 2)
@@ -219,34 +261,43 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
         d_v_blk = jnp.einsum('bgxk,bgxd->bgkd', p_g, d_out_g, preferred_element_type=_F32)
         d_p = jnp.einsum('bgxd,bgkd->bgxk', d_out_g, v_blk, preferred_element_type=_F32)
         d_logits = p * (d_p.reshape(p.shape) - delta_blk)  # zero where not visible
-        dq_blk, dk_ext, dparams_blk = logits_vjp(d_logits)
-        return (d_q + dq_blk.astype(_F32), _add_at(d_k, dk_ext, j * bk, 2),
-                _add_at(d_v, d_v_blk, j * bk + halo, 2), _tree_add(d_params, dparams_blk))
+        dq_blk, dk_ext, dparams_blk, dq_fl, dk_fl_ext = logits_vjp(d_logits)
+        return (d_q + dq_blk.astype(_F32), _tree_add(d_q_fl, dq_fl),
+                _add_at(d_k, dk_ext, j * bk, 2), _add_at(d_v, d_v_blk, j * bk + halo, 2),
+                _tree_add(d_params, dparams_blk),
+                [_add_at(a, u, j * bk, 1) for a, u in zip(d_k_fl, dk_fl_ext)])
 
-      d_k, d_v, d_params = carry
-      d_q, d_k, d_v, d_params = key_blocks(
-          side, step, (jnp.zeros(q_blk.shape, _F32), d_k, d_v, d_params), qs)
-      return (d_k, d_v, d_params), d_q
+      d_k, d_v, d_params, d_k_fl = carry
+      zeros_q_fl = [jnp.zeros(x.shape, _F32) for x in q_fl]
+      d_q, d_q_fl, d_k, d_v, d_params, d_k_fl = key_blocks(
+          side, fs, step,
+          (jnp.zeros(q_blk.shape, _F32), zeros_q_fl, d_k, d_v, d_params, d_k_fl), qs, threshold)
+      return (d_k, d_v, d_params, d_k_fl), (d_q, d_q_fl)
 
     init = (jnp.zeros(k_p.shape, _F32), jnp.zeros(v_p.shape, _F32),
-            jax.tree.map(jnp.zeros_like, params))
-    (d_k, d_v, d_params), d_q_N = jax.lax.scan(query_step, init, jnp.arange(nqb))
+            jax.tree.map(jnp.zeros_like, params), [jnp.zeros(x.shape, _F32) for x in fs['k']])
+    (d_k, d_v, d_params, d_k_fl), (d_q_N, d_q_fl_N) = jax.lax.scan(query_step, init,
+                                                                  jnp.arange(nqb))
     d_q = jnp.moveaxis(d_q_N, 0, 2).reshape(q_p.shape)
+    # [nqb, B, bq, ...] -> [B, nqb * bq, ...]
+    unblock_fl = lambda x, like: jnp.moveaxis(x, 0, 1).reshape(like.shape).astype(like.dtype)
+    d_fs = dict(q=[unblock_fl(x, like) for x, like in zip(d_q_fl_N, fs['q'])],
+                k=[x.astype(like.dtype) for x, like in zip(d_k_fl, fs['k'])])
     no_side_cotangents = jax.tree.map(lambda _: None, side)
     return (d_q.astype(q_p.dtype), d_k.astype(k_p.dtype), d_v.astype(v_p.dtype), d_params,
-            no_side_cotangents)
+            d_fs, no_side_cotangents)
 
   @jax.custom_vjp
-  def attend(q_p, k_p, v_p, params, side):
-    return forward(q_p, k_p, v_p, params, side)[0]
+  def attend(q_p, k_p, v_p, params, fs, side):
+    return forward(q_p, k_p, v_p, params, fs, side)[0]
 
-  def attend_fwd(q_p, k_p, v_p, params, side):
-    out_p, lse_p = forward(q_p, k_p, v_p, params, side)
-    return out_p, (q_p, k_p, v_p, params, side, out_p, lse_p)
+  def attend_fwd(q_p, k_p, v_p, params, fs, side):
+    out_p, lse_p = forward(q_p, k_p, v_p, params, fs, side)
+    return out_p, (q_p, k_p, v_p, params, fs, side, out_p, lse_p)
 
   def attend_bwd(residuals, d_out_p):
     return backward(*residuals, d_out_p)
 
   attend.defvjp(attend_fwd, attend_bwd)
-  out_p = attend(q_p, k_p, v_p, params, side)
+  out_p = attend(q_p, k_p, v_p, params, fs, side)
   return out_p[:, :, :nq_tok]

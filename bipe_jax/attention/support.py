@@ -26,7 +26,7 @@ from typing import Callable
 ATTENTION_IMPLS = ('auto', 'dense', 'blockwise', 'cudnn', 'fused', 'pallas', 'pallas_gpu')
 FUSED_IMPLS = ('cudnn', 'fused')  # jax.nn.dot_product_attention: no bias_fn / transform
 TILE_BIAS_IMPLS = ('pallas', 'pallas_gpu')  # the bias computed per tile from a TileBias kind
-TPU_TILE_BIASES = ('none', 'alibi', 'kerple', 't5', 'fox')
+TPU_TILE_BIASES = ('none', 'alibi', 'kerple', 't5', 'fox', 'fox_bias_only')
 GPU_TILE_BIASES = ('none', 'alibi', 'kerple', 't5')
 HALF_DTYPES = ('bfloat16', 'float16')
 

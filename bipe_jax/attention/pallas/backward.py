@@ -9,6 +9,9 @@ dQ kernel: grid (B, H, query tiles, key tiles); it also writes each query tile's
   gradient [B, H * n_q_tiles, 1, P] (summed outside).
 dK / dV kernel: grid (B, G, key tiles, H / G, query tiles): the query heads of a KV group and
   all query tiles accumulate into one key tile (GQA's sum over the group happens in VMEM).
+FoX (a bias c_q[i] - c_k[j] of float positions, per query head): the dQ kernel also writes
+  d c_q = rowsum(dS) per query tile, the dK / dV kernel d c_k = -colsum(dS) per (key tile, query
+  head), accumulated over the query tiles.
 """
 
 import functools
@@ -24,11 +27,11 @@ from bipe_jax.attention.pallas import layout
 _TRANS_A = (((0,), (0,)), ((), ()))  # contract the first axis of both operands
 
 
-def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, params_ref, *,
-                tile_bias, scale, causal):
+def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, params_ref,
+                c_refs, *, tile_bias, scale, causal):
   """(p, dS) float32 [q, k] of one tile."""
-  s, vis = fwd.tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, tile_bias=tile_bias,
-                           scale=scale, causal=causal)
+  s, vis = fwd.tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, c_refs,
+                           tile_bias=tile_bias, scale=scale, causal=causal)
   p = jnp.where(vis, jnp.exp(s - layout.row_to_column(lse_ref[...])), 0.0)
   dp = jax.lax.dot_general(do_ref[...], v_ref[...], fwd._TRANS_B,
                            preferred_element_type=jnp.float32)
@@ -36,38 +39,54 @@ def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
 
 
 def _dq_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref,
-               ki_ref, params_ref, dq_ref, dparams_ref, dq_scr, dparams_scr, *, tile_bias, scale,
-               causal, n_q_tiles, n_k_tiles):
+               ki_ref, params_ref, *refs, tile_bias, scale, causal, n_q_tiles, n_k_tiles):
+  c_refs, refs = fwd.split_float_positions(tile_bias, refs)
+  if c_refs is None:
+    dq_ref, dparams_ref, dq_scr, dparams_scr = refs
+  else:
+    dq_ref, dparams_ref, dcq_ref, dq_scr, dparams_scr, dcq_scr = refs
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
-  pl.when(j == 0)(lambda: fwd.zero(dq_scr, dparams_scr))
+  pl.when(j == 0)(lambda: fwd.zero(dq_scr, dparams_scr, *([] if c_refs is None else [dcq_scr])))
 
   @pl.when(fwd.should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
   def _compute():
     _, ds = _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
-                        params_ref, tile_bias=tile_bias, scale=scale, causal=causal)
+                        params_ref, c_refs, tile_bias=tile_bias, scale=scale, causal=causal)
     k = k_ref[...]
     dq_scr[...] += jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32) * scale
     dparams_scr[...] += tile_bias.param_grads(
         params_ref[...], *layout.streams(qi_ref[...], ki_ref[...]), ds)
+    if c_refs is not None:
+      dcq_scr[...] += jnp.sum(ds, axis=1, keepdims=True)
 
   @pl.when(j == n_k_tiles - 1)
   def _finish():
     dq_ref[...] = dq_scr[...].astype(dq_ref.dtype)
     dparams_ref[...] = dparams_scr[...]
+    if c_refs is not None:
+      dcq_ref[...] = layout.column_to_row(dcq_scr[...])
 
 
 def _dkv_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref,
-                ki_ref, params_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, tile_bias, scale, causal,
-                n_q_tiles, n_k_tiles, group):
+                ki_ref, params_ref, *refs, tile_bias, scale, causal, n_q_tiles, n_k_tiles, group):
+  c_refs, refs = fwd.split_float_positions(tile_bias, refs)
+  if c_refs is None:
+    dk_ref, dv_ref, dk_scr, dv_scr = refs
+  else:
+    dk_ref, dv_ref, dck_ref, dk_scr, dv_scr, dck_scr = refs
   b, j, r, i = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
 
   pl.when((r == 0) & (i == 0))(lambda: fwd.zero(dk_scr, dv_scr))
+  if c_refs is not None:  # per query head: restarts with every head of the group
+    pl.when(i == 0)(lambda: fwd.zero(dck_scr))
 
   @pl.when(fwd.should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
   def _compute():
     p, ds = _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
-                        params_ref, tile_bias=tile_bias, scale=scale, causal=causal)
+                        params_ref, c_refs, tile_bias=tile_bias, scale=scale, causal=causal)
+    if c_refs is not None:
+      dck_scr[...] -= jnp.sum(ds, axis=0, keepdims=True)
     q, do = q_ref[...], do_ref[...]
     dv_scr[...] += jax.lax.dot_general(p.astype(do.dtype), do, _TRANS_A,
                                        preferred_element_type=jnp.float32)
@@ -78,6 +97,11 @@ def _dkv_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delt
   def _finish():
     dk_ref[...] = dk_scr[...].astype(dk_ref.dtype)
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
+
+  if c_refs is not None:
+    @pl.when(i == n_q_tiles - 1)
+    def _finish_c():
+      dck_ref[...] = dck_scr[...]
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, semantics, interpret, args):
@@ -91,9 +115,11 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, semantics, inte
   )(*args)
 
 
-def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias,
-             scale: float, causal: bool, block_q: int, block_k: int, interpret: bool):
-  """(dq, dk, dv in the inputs' dtypes, d params float32 [H, P]); shapes as `forward.forward`."""
+def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min, c_q=None,
+             c_k=None, *, tile_bias, scale: float, causal: bool, block_q: int, block_k: int,
+             interpret: bool):
+  """(dq, dk, dv in the inputs' dtypes, d params float32 [H, P], d c_q, d c_k float32
+  [B, H, 1, T] or None); shapes as `forward.forward`."""
   b, h, tq, d = q.shape
   g, tk = k.shape[1], k.shape[2]
   r = h // g
@@ -101,7 +127,9 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
   num_params = params_HxP.shape[-1]
   params = params_HxP.astype(jnp.float32)[:, None, :]
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)[:, :, None, :]
-  args = (q_max, k_min, q, k, v, d_out, lse, delta, q_info, k_info, params)
+  uses_c = tile_bias.uses_float_positions
+  args = (q_max, k_min, q, k, v, d_out, lse, delta, q_info, k_info, params,
+          *fwd.float_position_args(tile_bias, c_q, c_k))
   statics = dict(tile_bias=tile_bias, scale=scale, causal=causal, n_q_tiles=n_q, n_k_tiles=n_k)
 
   def specs(tile_of):
@@ -114,26 +142,38 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
     row = pl.BlockSpec((None, None, 1, block_q),
                        lambda *a: (tile_of(*a)[0], tile_of(*a)[3], 0, tile_of(*a)[1]))
     return [qh, kv, kv, qh, row, row,
-            *fwd.side_specs(block_q, block_k, num_params, tile_of)]
+            *fwd.side_specs(block_q, block_k, num_params, tile_of, uses_c)]
 
+  c_row = lambda n: jax.ShapeDtypeStruct((b, h, 1, n), jnp.float32)
   dq_tile = lambda bb, hh, i, j, *_: (bb, i, j, hh)
-  dq, dparams = _call(
+  dq_outs = _call(
       functools.partial(_dq_kernel, **statics), (b, h, n_q, n_k), specs(dq_tile),
       [pl.BlockSpec((None, None, block_q, d), lambda bb, hh, i, j, *_: (bb, hh, i, 0)),
        pl.BlockSpec((None, None, 1, num_params),
-                    lambda bb, hh, i, j, *_: (bb, hh * n_q + i, 0, 0))],
+                    lambda bb, hh, i, j, *_: (bb, hh * n_q + i, 0, 0))]
+      + ([pl.BlockSpec((None, None, 1, block_q), lambda bb, hh, i, j, *_: (bb, hh, 0, i))]
+         if uses_c else []),
       [jax.ShapeDtypeStruct(q.shape, q.dtype),
-       jax.ShapeDtypeStruct((b, h * n_q, 1, num_params), jnp.float32)],
-      [pltpu.VMEM((block_q, d), jnp.float32), pltpu.VMEM((1, num_params), jnp.float32)],
+       jax.ShapeDtypeStruct((b, h * n_q, 1, num_params), jnp.float32)]
+      + ([c_row(tq)] if uses_c else []),
+      [pltpu.VMEM((block_q, d), jnp.float32), pltpu.VMEM((1, num_params), jnp.float32)]
+      + ([pltpu.VMEM((block_q, 1), jnp.float32)] if uses_c else []),
       ('parallel', 'parallel', 'parallel', 'arbitrary'), interpret, args)
 
   dkv_tile = lambda bb, gg, j, rr, i, *_: (bb, i, j, gg * r + rr)
   kv_out = pl.BlockSpec((None, None, block_k, d), lambda bb, gg, j, rr, i, *_: (bb, gg, j, 0))
-  dk, dv = _call(
+  dkv_outs = _call(
       functools.partial(_dkv_kernel, group=r, **statics), (b, g, n_k, r, n_q), specs(dkv_tile),
-      [kv_out, kv_out], [jax.ShapeDtypeStruct(k.shape, k.dtype),
-                         jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      [pltpu.VMEM((block_k, d), jnp.float32), pltpu.VMEM((block_k, d), jnp.float32)],
+      [kv_out, kv_out]
+      + ([pl.BlockSpec((None, None, 1, block_k),
+                       lambda bb, gg, j, rr, i, *_: (bb, gg * r + rr, 0, j))] if uses_c else []),
+      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+      + ([c_row(tk)] if uses_c else []),
+      [pltpu.VMEM((block_k, d), jnp.float32), pltpu.VMEM((block_k, d), jnp.float32)]
+      + ([pltpu.VMEM((1, block_k), jnp.float32)] if uses_c else []),
       ('parallel', 'parallel', 'parallel', 'arbitrary', 'arbitrary'), interpret, args)
+  dq, dparams = dq_outs[:2]
+  dk, dv = dkv_outs[:2]
   d_params = jnp.sum(dparams.reshape(b, h, n_q, num_params), axis=(0, 2))
-  return dq, dk, dv, d_params
+  d_c = (dq_outs[2], dkv_outs[2]) if uses_c else (None, None)
+  return dq, dk, dv, d_params, *d_c

@@ -47,20 +47,20 @@ class _Static:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(static, q, k, v, params, q_info, k_info, q_max, k_min):
-  return static.run(fwd.forward, q, k, v, params, q_info, k_info, q_max, k_min)[0]
+def _attend(static, q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k):
+  return static.run(fwd.forward, q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k)[0]
 
 
-def _attend_fwd(static, q, k, v, params, q_info, k_info, q_max, k_min):
-  out, lse = static.run(fwd.forward, q, k, v, params, q_info, k_info, q_max, k_min)
-  return out, (q, k, v, params, q_info, k_info, q_max, k_min, out, lse)
+def _attend_fwd(static, q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k):
+  out, lse = static.run(fwd.forward, q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k)
+  return out, (q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k, out, lse)
 
 
 def _attend_bwd(static, residuals, d_out):
-  q, k, v, params, q_info, k_info, q_max, k_min, out, lse = residuals
-  dq, dk, dv, d_params = static.run(bwd.backward, q, k, v, out, lse, d_out, params, q_info,
-                                    k_info, q_max, k_min)
-  return dq, dk, dv, d_params.astype(params.dtype), None, None, None, None
+  q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k, out, lse = residuals
+  dq, dk, dv, d_params, d_cq, d_ck = static.run(bwd.backward, q, k, v, out, lse, d_out, params,
+                                                q_info, k_info, q_max, k_min, c_q, c_k)
+  return dq, dk, dv, d_params.astype(params.dtype), None, None, None, None, d_cq, d_ck
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
@@ -95,7 +95,8 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   `bipe_jax.attention.dense_attention` with the matching bias_fn (values and gradients).
 
   q_pos / k_pos [B, Q] / [B, K]: causal indices; q_streams / k_streams: the one int stream the
-  bias reads (token or inter index; default the causal indices); tile_bias / bias_params_HxP:
+  bias reads (token or inter index; default the causal indices), or for tile_bias 'fox' the
+  float positions c [B, Q, H] / [B, K, H] (they get gradients); tile_bias / bias_params_HxP:
   the bias kind and its per-head parameters (bipe_jax.attention.pallas.tile_bias; zeros for 'none'); masks
   as bipe_jax.attention. Ragged lengths are padded to the tiles inside. block_k must be a
   multiple of 128 on TPU when K is longer than it. Under a mesh, the kernels run per shard:
@@ -116,11 +117,18 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   if bias_params_HxP is None:
     bias_params_HxP = jnp.zeros((h, tile_bias.num_params), jnp.float32)
   tile_bias.check_params(bias_params_HxP, h)
+  c_q = c_k = None
+  if tile_bias.uses_float_positions:  # c [B, T, H] -> rows [B, H, 1, T]
+    if q_streams is None or q_streams.ndim != 3:
+      raise ValueError("pallas attention: bias 'fox' needs q_streams / k_streams = the float "
+                       "positions c [B, T, H].")
+    c_q, c_k = (jnp.moveaxis(c, 2, 1)[:, :, None, :] for c in (q_streams, k_streams))
+    q_streams = k_streams = None
   if q_streams is None:
     q_streams, k_streams = q_pos, k_pos
   arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, q_pos=q_pos, k_pos=k_pos,
                 q_streams=q_streams, k_streams=k_streams, k_valid=k_valid,
-                q_document=q_document, k_document=k_document)
+                q_document=q_document, k_document=k_document, c_q=c_q, c_k=c_k)
   arrays = {name: x for name, x in arrays.items() if x is not None}
   run = functools.partial(_run_on_shard, tile_bias=tile_bias, causal=causal, scale=scale,
                           block_q=block_q, block_k=block_k, interpret=interpret)
@@ -140,6 +148,9 @@ def _run_on_shard(a: dict, *, tile_bias, causal, scale, block_q, block_k, interp
   q_max, k_min = layout.block_ranges(q_info, k_info, bq, bk)
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
   static = _Static(tile_bias, scale, causal, bq, bk, interpret)
+  c_q, c_k = a.get('c_q'), a.get('c_k')
+  if c_q is not None:
+    c_q, c_k = layout.pad_to(c_q, 3, tq, 0.0), layout.pad_to(c_k, 3, tk, 0.0)
   out = _attend(static, layout.pad_to(q, 2, tq, 0), layout.pad_to(k, 2, tk, 0),
-                layout.pad_to(v, 2, tk, 0), a['params'], q_info, k_info, q_max, k_min)
+                layout.pad_to(v, 2, tk, 0), a['params'], q_info, k_info, q_max, k_min, c_q, c_k)
   return out[:, :, :nq]

@@ -23,13 +23,22 @@ from bipe_jax.attention.pallas.tile_bias import TileBias
 _TRANS_B = (((1,), (1,)), ((), ()))  # contract the last axis of both operands
 
 
-def tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, *, tile_bias: TileBias, scale: float,
-                causal: bool):
+def split_float_positions(tile_bias: TileBias, refs):
+  """((c_q_ref [1, q], c_k_ref [1, k]) or None, the remaining refs): the kernels take FoX's
+  float position rows right after params_ref, only for a bias that uses them."""
+  if tile_bias.uses_float_positions:
+    return tuple(refs[:2]), refs[2:]
+  return None, refs
+
+
+def tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, c_refs=None, *, tile_bias: TileBias,
+                scale: float, causal: bool):
   """(masked logits float32 [q, k], visible bool [q, k]) of one (query tile, key tile, head)."""
   s = jax.lax.dot_general(q_ref[...], k_ref[...], _TRANS_B,
                           preferred_element_type=jnp.float32) * scale
   qi, ki = qi_ref[...], ki_ref[...]
-  bias = tile_bias.bias(params_ref[...], *layout.streams(qi, ki))
+  c = () if c_refs is None else (layout.row_to_column(c_refs[0][...]), c_refs[1][...])
+  bias = tile_bias.bias(params_ref[...], *layout.streams(qi, ki), *c)
   if bias is not None:
     s = s + bias
   vis = layout.visible(qi, ki, causal)
@@ -50,8 +59,8 @@ def should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal):
 
 
 def _forward_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, params_ref,
-                    o_ref, lse_ref, m_scr, l_scr, acc_scr, *, tile_bias, scale, causal,
-                    n_q_tiles, n_k_tiles):
+                    *refs, tile_bias, scale, causal, n_q_tiles, n_k_tiles):
+  c_refs, (o_ref, lse_ref, m_scr, l_scr, acc_scr) = split_float_positions(tile_bias, refs)
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
   @pl.when(j == 0)
@@ -61,7 +70,7 @@ def _forward_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, p
 
   @pl.when(should_run(q_max_ref, k_min_ref, b, i, j, n_q_tiles, n_k_tiles, causal))
   def _compute():
-    s, vis = tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, tile_bias=tile_bias,
+    s, vis = tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, c_refs, tile_bias=tile_bias,
                          scale=scale, causal=causal)
     m_prev = m_scr[...]
     m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
@@ -82,20 +91,33 @@ def _forward_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, p
     lse_ref[...] = layout.column_to_row(lse)
 
 
-def side_specs(block_q: int, block_k: int, num_params: int, tile_of):
-  """BlockSpecs of q_info, k_info and the [H, 1, P] params; `tile_of(*grid_indices)` gives the
+def side_specs(block_q: int, block_k: int, num_params: int, tile_of, float_positions=False):
+  """BlockSpecs of q_info, k_info and the [H, 1, P] params (and, with `float_positions`, of
+  the c rows [B, H, 1, Tq] / [B, H, 1, Tk]); `tile_of(*grid_indices)` gives the
   (batch, query tile, key tile, head) a grid step reads."""
   pick = lambda *idx: lambda *a: tuple(tile_of(*a)[n] if isinstance(n, int) and n >= 0 else 0
                                        for n in idx)
-  return [pl.BlockSpec((None, block_q, layout.INFO), pick(0, 1, -1)),
-          pl.BlockSpec((None, layout.INFO, block_k), pick(0, -1, 2)),
-          pl.BlockSpec((None, 1, num_params), pick(3, -1, -1))]
+  specs = [pl.BlockSpec((None, block_q, layout.INFO), pick(0, 1, -1)),
+           pl.BlockSpec((None, layout.INFO, block_k), pick(0, -1, 2)),
+           pl.BlockSpec((None, 1, num_params), pick(3, -1, -1))]
+  if float_positions:
+    specs += [pl.BlockSpec((None, None, 1, block_q), pick(0, 3, -1, 1)),
+              pl.BlockSpec((None, None, 1, block_k), pick(0, 3, -1, 2))]
+  return specs
 
 
-def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias: TileBias,
-            scale: float, causal: bool, block_q: int, block_k: int, interpret: bool):
+def float_position_args(tile_bias: TileBias, c_q, c_k) -> tuple:
+  """(c_q, c_k) float32 rows for a bias that uses them, else ()."""
+  if not tile_bias.uses_float_positions:
+    return ()
+  return c_q.astype(jnp.float32), c_k.astype(jnp.float32)
+
+
+def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, c_q=None, c_k=None, *,
+            tile_bias: TileBias, scale: float, causal: bool, block_q: int, block_k: int,
+            interpret: bool):
   """(out [B, H, Tq, Dh] in q's dtype, lse float32 [B, H, 1, Tq]); Tq, Tk multiples of the
-  blocks (pad first: bipe_jax.attention.pallas.layout)."""
+  blocks (pad first: bipe_jax.attention.pallas.layout); c_q / c_k [B, H, 1, Tq / Tk]: FoX's positions."""
   b, h, tq, d = q.shape
   g, tk = k.shape[1], k.shape[2]
   r = h // g
@@ -105,7 +127,8 @@ def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias: Til
                              n_q_tiles=n_q, n_k_tiles=n_k)
   q_spec = pl.BlockSpec((None, None, block_q, d), lambda bb, hh, i, j, *_: (bb, hh, i, 0))
   kv_spec = pl.BlockSpec((None, None, block_k, d), lambda bb, hh, i, j, *_: (bb, jax.lax.div(hh, r), j, 0))
-  sides = side_specs(block_q, block_k, params.shape[-1], lambda bb, hh, i, j, *_: (bb, i, j, hh))
+  sides = side_specs(block_q, block_k, params.shape[-1], lambda bb, hh, i, j, *_: (bb, i, j, hh),
+                     tile_bias.uses_float_positions)
   lse_spec = pl.BlockSpec((None, None, 1, block_q), lambda bb, hh, i, j, *_: (bb, hh, 0, i))
   return pl.pallas_call(
       kernel,
@@ -122,4 +145,4 @@ def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, *, tile_bias: Til
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')),
       interpret=interpret,
-  )(q_max, k_min, q, k, v, q_info, k_info, params)
+  )(q_max, k_min, q, k, v, q_info, k_info, params, *float_position_args(tile_bias, c_q, c_k))

@@ -30,8 +30,8 @@ def per_shard(fn: Callable, arrays: dict, *, num_heads: int, num_kv_heads: int,
               batch_axes: Axes, head_axes: Axes):
   """fn(arrays) -> [B, H, Q, Dh], mapped over the current mesh when there is one.
 
-  `arrays`: a dict of arrays whose leading axis is the batch; 'q' [B, H, ..], 'k' / 'v'
-  [B, G, ..] and 'params' [H, P] are also split over heads.
+  `arrays`: a dict of arrays whose leading axis is the batch; 'q' / 'c_q' / 'c_k' [B, H, ..],
+  'k' / 'v' [B, G, ..] and 'params' [H, P] are also split over heads.
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or (batch_axes is None and head_axes is None):
@@ -44,7 +44,7 @@ def per_shard(fn: Callable, arrays: dict, *, num_heads: int, num_kv_heads: int,
   for name, x in arrays.items():
     if name == 'params':
       specs[name] = P(heads, None)
-    elif name in ('q', 'k', 'v'):
+    elif name in ('q', 'k', 'v', 'c_q', 'c_k'):  # c: FoX's positions [B, H, 1, T]
       specs[name] = P(batch, heads, *([None] * (x.ndim - 2)))
     else:
       specs[name] = P(batch, *([None] * (x.ndim - 1)))

@@ -12,6 +12,11 @@ max(q - k, 0) of the stream the scheme names (bipe_jax/encodings/alibi.py, kerpl
   'alibi'   P = 1: slope_factor * slope_h (fixed)  -params[0] * d
   'kerple'  P = 2: (p_h, a_h), clamped >= 0.01     -p * log1p(a * d)
   't5'      P = num_buckets: the table's row h     table[bucket(d)]   (causal, one direction)
+  'fox'     P = 1 (unused zeros)                   c_q[q] - c_k[k]   (FoX, encodings/fox.py)
+
+FoX reads no int stream: its bias is a difference of float positions c (cumulative log forget
+gates, per head), which travel as rows [B, H, 1, T] beside the int side arrays and get
+gradients (`uses_float_positions`): d c_q[i] = sum_k dS[i, k], d c_k[j] = -sum_q dS[q, j].
 
 FIRE (an MLP of a normalised log distance) is not covered: its parameters are shared by all
 heads and its per-tile cost is hidden-width times that of the others.
@@ -24,7 +29,7 @@ import jax.numpy as jnp
 
 from bipe_jax.encodings import t5
 
-KINDS = ('none', 'alibi', 'kerple', 't5')
+KINDS = ('none', 'alibi', 'kerple', 't5', 'fox')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +45,12 @@ class TileBias:
 
   @property
   def num_params(self) -> int:
-    return {'none': 1, 'alibi': 1, 'kerple': 2, 't5': self.t5_buckets}[self.kind]
+    return {'none': 1, 'alibi': 1, 'kerple': 2, 't5': self.t5_buckets, 'fox': 1}[self.kind]
+
+  @property
+  def uses_float_positions(self) -> bool:
+    """Whether the kernels read the float positions c (rows [1, q] / [1, k] per head)."""
+    return self.kind == 'fox'
 
   def check_params(self, params_HxP: jax.Array, num_heads: int) -> None:
     want = (num_heads, self.num_params)
@@ -56,16 +66,18 @@ class TileBias:
                                    self.t5_max_distance, bidirectional=False)
     return [bucket == n for n in range(self.t5_buckets)]
 
-  def bias(self, params_1xP, qs_Qx1, ks_1xK):
-    """float32 [q, k] bias of one head (None for kind 'none')."""
-    return self.bias_from(lambda n: params_1xP[:, n:n + 1], qs_Qx1, ks_1xK)
+  def bias(self, params_1xP, qs_Qx1, ks_1xK, c_q_Qx1=None, c_k_1xK=None):
+    """float32 [q, k] bias of one head (None for kind 'none'); c: FoX's float positions."""
+    return self.bias_from(lambda n: params_1xP[:, n:n + 1], qs_Qx1, ks_1xK, c_q_Qx1, c_k_1xK)
 
-  def bias_from(self, param, qs_Qx1, ks_1xK):
+  def bias_from(self, param, qs_Qx1, ks_1xK, c_q_Qx1=None, c_k_1xK=None):
     """`bias` with the head's parameters read through `param(n)` -> the n-th parameter as a
     value that broadcasts over the tile ([1, 1] on TPU, a scalar in the GPU kernels, which
     cannot slice a loaded array)."""
     if self.kind == 'none':
       return None
+    if self.kind == 'fox':
+      return c_q_Qx1 - c_k_1xK
     if self.kind == 't5':
       out = jnp.zeros((qs_Qx1.shape[0], ks_1xK.shape[1]), jnp.float32)
       for n, hit in enumerate(self._t5_onehots(qs_Qx1, ks_1xK)):
@@ -78,16 +90,17 @@ class TileBias:
 
   def param_grads(self, params_1xP, qs_Qx1, ks_1xK, ds_QxK):
     """float32 [1, P]: the tile's contribution to d loss / d params (zeros for fixed kinds)."""
-    if self.kind in ('none', 'alibi'):
+    if self.kind in ('none', 'alibi', 'fox'):
       return jnp.zeros((1, self.num_params), jnp.float32)
     total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
     terms = self.param_grad_tiles(lambda n: params_1xP[:, n:n + 1], qs_Qx1, ks_1xK, ds_QxK)
     return jnp.concatenate([total(term) for term in terms], axis=1)
 
   def param_grad_tiles(self, param, qs_Qx1, ks_1xK, ds_QxK) -> list:
-    """[P] float32 [q, k] tiles whose sums are d loss / d params[n] (empty for fixed kinds:
-    'none' and 'alibi'); parameters read through `param(n)` as in `bias_from`."""
-    if self.kind in ('none', 'alibi'):
+    """[P] float32 [q, k] tiles whose sums are d loss / d params[n] (empty for kinds without
+    parameters: 'none', 'alibi', and 'fox', whose gradient goes to its positions c instead);
+    parameters read through `param(n)` as in `bias_from`."""
+    if self.kind in ('none', 'alibi', 'fox'):
       return []
     if self.kind == 't5':
       return [jnp.where(hit, ds_QxK, 0.0) for hit in self._t5_onehots(qs_Qx1, ks_1xK)]

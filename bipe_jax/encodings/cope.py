@@ -1,0 +1,87 @@
+"""Contextual Position Encoding (CoPE, Golovneva et al. 2024).
+
+Per query head, with scores S_ij = q_i . k_j / sqrt(Dh) (the attention's scaled scores):
+
+  gates      g_ij = sigmoid(S_ij) on visible pairs (causal, valid key), 0 elsewhere;
+  positions  p_ij = sum_{t = j .. i} g_it = the suffix sum of g_i. over keys >= j, clamped at
+             npos - 1 (fractional; key i itself counts, so p_ii = g_ii in (0, 1));
+  logits     S_ij + (q_i . e(p_ij)) / sqrt(Dh), with e(p) the interpolation
+             (ceil(p) - p) e[floor p] + (p - floor p) e[ceil p] of learned vectors e [npos, Dh]
+             (shared by the heads of a layer, zeros at init, as the official code).
+
+The interpolation is computed on the products q_i . e[n] ([B, H, Q, npos], one matmul), then
+gathered at floor / ceil (integer indices: no gradient; the weight p - floor p carries it), as
+the official code (facebookresearch/RAM, projects/cope) does.
+
+BiPE's segment index is CoPE with gates fixed to the separator flags (then p_ij counts the
+separators in [j, i], i.e. inter_i - inter_j when a separator ends its segment); no bilevel
+CoPE is defined here: with data-dependent gates the separator flags would only mask the gates,
+and we found no clean definition beyond that.
+
+Why CoPE stays dense. p_ij needs every key between j and i: a block's positions depend on all
+key blocks to its right, so the block-local recomputation of the flash backward
+(flash_attention.py) does not apply; a blockwise version would carry the running suffix sum
+from the diagonal backwards in the forward pass and a prefix sum of the positions' cotangents
+the other way in the backward pass. It is not built: the model runs CoPE densely and refuses
+rows longer than `COPE_DENSE_MAX_TOKENS` (ValueError, one line).
+"""
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+COPE_DENSE_MAX_TOKENS = 8192  # [B, H, T, T] float32 intermediates: 3 GiB per head at 8k
+
+
+def cope_positions(scores_BxHxQxK: jax.Array, visible_Bx1xQxK: jax.Array,
+                   npos: int) -> jax.Array:
+  """p [B, H, Q, K] float32: suffix sums over keys of the visible gates, clamped at npos - 1."""
+  gates = jnp.where(visible_Bx1xQxK, jax.nn.sigmoid(scores_BxHxQxK.astype(jnp.float32)), 0.0)
+  suffix = jnp.flip(jnp.cumsum(jnp.flip(gates, axis=-1), axis=-1), axis=-1)
+  return jnp.minimum(suffix, npos - 1)
+
+
+def cope_logits(scores_BxHxQxK: jax.Array, qe_BxHxQxN: jax.Array, visible_Bx1xQxK: jax.Array,
+                scale: float) -> jax.Array:
+  """S + scale * (q . e(p)), float32 [B, H, Q, K]; qe = q . e[n] (unscaled), N = npos."""
+  npos = qe_BxHxQxN.shape[-1]
+  p = cope_positions(scores_BxHxQxK, visible_Bx1xQxK, npos)
+  lo = jax.lax.stop_gradient(jnp.floor(p)).astype(jnp.int32)
+  hi = jax.lax.stop_gradient(jnp.ceil(p)).astype(jnp.int32)
+  qe = qe_BxHxQxN.astype(jnp.float32)
+  at = lambda index: jnp.take_along_axis(qe, index, axis=-1)
+  w = p - lo.astype(jnp.float32)
+  return scores_BxHxQxK.astype(jnp.float32) + scale * (at(hi) * w + at(lo) * (1.0 - w))
+
+
+def cope_transform(qe_BxHxQxN: jax.Array, scale: float) -> Callable[..., jax.Array]:
+  """CoPE as an attention score transform (attention.py's transform_fn contract) for the
+  queries whose q . e products are `qe`: the whole key axis must be in one block (dense)."""
+
+  def transform(scores, bias, q_pos_BxQ, k_pos_BxK, k_in_range_BxK):
+    del bias
+    visible = (k_pos_BxK[:, None, :] <= q_pos_BxQ[:, :, None]) & k_in_range_BxK[:, None, :]
+    return cope_logits(scores, qe_BxHxQxN, visible[:, None], scale)
+
+  return transform
+
+
+class CopeEmbedding(nn.Module):
+  """The position vectors e: param 'embedding' [npos, Dh] (zeros); returns q . e [B, H, Q, N]."""
+  npos: int
+
+  @nn.compact
+  def __call__(self, q_BxHxQxDh: jax.Array) -> jax.Array:
+    e = self.param('embedding', nn.initializers.zeros, (self.npos, q_BxHxQxDh.shape[-1]),
+                   jnp.float32)
+    return jnp.einsum('bhqd,nd->bhqn', q_BxHxQxDh.astype(jnp.float32), e)
+
+
+def check_length(num_keys: int) -> None:
+  """ValueError (one line) when a row is too long for CoPE's dense computation."""
+  if num_keys > COPE_DENSE_MAX_TOKENS:
+    raise ValueError(f'cope: {num_keys} keys exceed COPE_DENSE_MAX_TOKENS='
+                     f'{COPE_DENSE_MAX_TOKENS}; CoPE runs densely (its positions are suffix sums '
+                     f'over keys, see bipe_jax/encodings/cope.py); use shorter rows.')
