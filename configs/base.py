@@ -17,9 +17,14 @@ def model_defaults() -> ml_collections.ConfigDict:
 
 def data_defaults() -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
-  d.dataset = 'embedded'  # embedded | text_folder | pg19 | arxiv
+  d.dataset = 'embedded'  # embedded | text_folder | pile | pg19 | arxiv
   d.data_dir = 'data_cache'  # TFDS data_dir (prepared datasets and the embedded corpus)
   d.text_dir = ''  # for dataset=text_folder
+  # dataset=pile: a folder of the Pile's .jsonl(.zst) files (bipe_jax/data/pile.py), the
+  # meta.pile_set_name subsets kept ('' = all; aliases pg19, arxiv, github) and the splits built.
+  d.pile_dir = ''
+  d.pile_subsets = ''
+  d.pile_splits = 'train,validation'
   d.tokenizer_path = ''  # '' = the tokenizer trained beside the data in data_dir
   d.tokenizer_sha256 = ''  # recorded by a run (with its copy <workdir>/tokenizer.model)
   d.tokenizer_vocab_size = 4096
