@@ -1,5 +1,6 @@
 """Compile the training step for a TPU slice on this host (no TPU needed) and print per-chip
-memory, FLOPs and collectives:
+memory, FLOPs and collectives, then the predicted step time, tokens/s, MFU and hours for the
+preset's token budget (XLA's TPU cost model: an estimate, not a measurement; --nopredict skips):
 
   python train/compile.py --config=configs/paper_151m.py:bipe_rope --topology=v5e:2x4
 
@@ -31,6 +32,9 @@ _EVAL_LENGTHS = flags.DEFINE_list('eval_lengths', [], 'Also compile the evaluati
 _EVAL_BATCH = flags.DEFINE_integer('eval_batch_size', 0, 'Rows per evaluation batch '
                                    '(0 = train.batch_size).')
 _OUTPUT = flags.DEFINE_string('output', '', 'Write the figures as JSON to this file.')
+_PREDICT = flags.DEFINE_bool('predict', True, "Also print the step time, tokens/s and MFU per "
+                             "chip and the hours for train.steps, from XLA's TPU cost model "
+                             '(an estimate; two more compiles, of 1 and 2 unrolled layers).')
 flags.mark_flags_as_required(['config'])
 
 
@@ -39,7 +43,7 @@ def main(argv):
   from bipe_jax.training import compile_cli  # pylint: disable=g-import-not-at-top
   sys.exit(compile_cli.run(_CONFIG.value, _TOPOLOGY.value, num_slices=_NUM_SLICES.value,
                            eval_lengths=_EVAL_LENGTHS.value, eval_batch_size=_EVAL_BATCH.value,
-                           output=_OUTPUT.value))
+                           output=_OUTPUT.value, predict=_PREDICT.value))
 
 
 if __name__ == '__main__':

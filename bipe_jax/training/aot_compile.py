@@ -69,6 +69,11 @@ class StepFigures:
   # above are 0, `out_of_memory` holds its message and `required_bytes` the size it names.
   out_of_memory: str = ''
   required_bytes: int = 0
+  # XLA's TPU cost model: the program's predicted seconds (`cost_analysis()['optimal_seconds']`,
+  # loops counted once like `flops`; 0 where the backend gives none), and how many while loops
+  # the compiled program still holds (training/step_cost.py costs a loop-free version).
+  optimal_seconds: float = 0.0
+  while_loops: int = 0
   # With compile_for_topology(keep_text=True): {'lowered': StableHLO before XLA's passes,
   # 'compiled': the optimised HLO, 'primitives': 'name=count,...' of the traced step's JAX
   # primitives}; left out of the JSON.
@@ -219,6 +224,14 @@ def count_collectives(hlo_text: str) -> dict:
           for kind in COLLECTIVE_KINDS if seen.get(kind)}
 
 
+_WHILE = re.compile(r'=\s*\S.*?\swhile\(')
+
+
+def count_while_loops(hlo_text: str) -> int:
+  """How many while instructions a compiled HLO module's text holds."""
+  return sum(1 for line in hlo_text.splitlines() if _WHILE.search(line))
+
+
 def primitive_counts(jaxpr) -> collections.Counter:
   """How many equations of each primitive a (closed) jaxpr holds, nested jaxprs included."""
   jaxpr = getattr(jaxpr, 'jaxpr', jaxpr)
@@ -234,6 +247,7 @@ def primitive_counts(jaxpr) -> collections.Counter:
 
 def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFigures:
   memory = compiled.memory_analysis()
+  text = compiled.as_text()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
   return StepFigures(
@@ -242,7 +256,9 @@ def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFig
       temp_bytes=int(memory.temp_size_in_bytes),
       generated_code_bytes=int(memory.generated_code_size_in_bytes),
       flops=float(cost.get('flops', 0.0)), model_flops=model_flops,
-      collectives=count_collectives(compiled.as_text()), compile_seconds=seconds)
+      collectives=count_collectives(text), compile_seconds=seconds,
+      optimal_seconds=max(0.0, float(cost.get('optimal_seconds', 0.0))),
+      while_loops=count_while_loops(text))
 
 
 def _placeholder_separators(config) -> None:
