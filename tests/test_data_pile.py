@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import zstandard
 from bipe_jax import data as data_lib
 from bipe_jax.data import pile
 from bipe_jax.data import tfds_builders
+from bipe_jax.data import token_count
 from configs import base
 from configs import paper_151m
 
@@ -164,6 +166,9 @@ def test_built_dataset_trains_and_evaluates_per_subset(tmp_path):
   report = tfds_builders.read_report(train_cfg)
   assert report['documents'] == {'train': 49, 'validation': 12}
   assert report['bad_json_lines'] == len(BAD_LINES)
+  for split in ('train', 'validation'):  # counted on 2 threads = the stream's length
+    assert token_count.count_tokens(train_cfg, split, 2, batch_documents=5) == len(
+        data_lib.eval_stream(train_cfg, split))
   batch = next(data_lib.make_train_iterator(train_cfg, 2))
   assert batch['tokens'].shape == (2, 16) and batch['tokens'].dtype == np.int32
   assert data_lib.prepare(train_cfg).built is False  # idempotent
@@ -228,3 +233,47 @@ def test_paper_preset_shrunk_by_flags_trains_3_steps_on_a_pile_folder(tmp_path):
   assert steps[-1] == 3 and all(np.isfinite(r['loss']) for r in records if 'loss' in r)
   saved = json.load(open(workdir / 'config.json'))
   assert saved['data']['dataset'] == 'pile'
+
+
+@pytest.mark.slow
+def test_build_data_takes_a_presets_data_section(tmp_path):
+  """train/build_data.py --config=<paper preset>: the Pile from the preset, flags on top; an
+  evaluation subset built alone (its validation split only) and counted."""
+  files = make_pile_folder(tmp_path / 'pile')
+  eval_only = pile_config(tmp_path, tmp_path / 'pile', pile_splits='validation')
+  with pytest.raises(ValueError, match="data.pile_splits='validation' has no train split to "
+                                       'train a tokenizer on: set data.tokenizer_path'):
+    data_lib.prepare(eval_only)
+  tokenizer = data_lib.prepare(pile_config(tmp_path, tmp_path / 'pile')).tokenizer_path
+  proc = subprocess.run(
+      [sys.executable, 'train/build_data.py', '--config=configs/paper_151m.py:bipe_rope',
+       f'--pile_dir={tmp_path / "pile"}', f'--data_dir={tmp_path / "data"}', '--vocab_size=300',
+       '--pile_subsets=github', '--pile_splits=validation', f'--tokenizer_path={tokenizer}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = proc.stdout.strip().splitlines()
+  want = sum(r['meta']['pile_set_name'] == 'Github' for r in files['val.jsonl.zst'])
+  assert lines[0].startswith('pile: built in ') and f'(0 train / {want} validation' in lines[0]
+  assert lines[1] == f'tokenizer: {tokenizer} (existing, vocabulary 300, ' + lines[1].split(', ')[-1]
+  cfg = pile_config(tmp_path, tmp_path / 'pile', pile_subsets='github', pile_splits='validation',
+                    tokenizer_path=tokenizer)
+  assert lines[2] == f'tokens: {len(data_lib.eval_stream(cfg, "validation")):,} validation'
+
+
+def test_evaluation_scores_one_subsets_validation_split():
+  """eval/perplexity.py --pile_subset: the run's data config narrowed to the subset's validation
+  split, its tokenizer kept; a clear error for a run of another dataset."""
+  from bipe_jax.evaluation import cli as eval_cli  # pylint: disable=g-import-not-at-top
+  config = paper_151m.get_config('rope')
+  config.data.pile_dir, config.data.tokenizer_path = '/data/pile', '/runs/r/tokenizer.model'
+  run = types.SimpleNamespace(config=config)
+  c = eval_cli.data_config_for(run, pile_subset='pg19')
+  assert (c.dataset, c.pile_subsets, c.pile_splits) == ('pile', 'Gutenberg (PG-19)', 'validation')
+  assert c.tokenizer_path == '/runs/r/tokenizer.model' and c.pile_dir == '/data/pile'
+  assert config.data.pile_splits == 'train,validation'  # the run's config untouched
+  with pytest.raises(ValueError, match="'PG-19' is not a Pile subset"):
+    eval_cli.data_config_for(run, pile_subset='PG-19')
+  config.data.dataset = 'embedded'
+  with pytest.raises(ValueError, match='--pile_subset=arxiv needs data.dataset=pile'):
+    eval_cli.data_config_for(run, pile_subset='arxiv')

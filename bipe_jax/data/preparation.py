@@ -15,6 +15,7 @@ import os
 import time
 
 from bipe_jax.data import generated
+from bipe_jax.data import pile
 from bipe_jax.data import tfds_builders
 from bipe_jax.data import tokenizer as tokenizer_lib
 
@@ -145,6 +146,11 @@ def preparation_lock(data_config):
 
 
 def _prepare_locked(data_config, start: float, force: bool, max_tokenizer_characters: int):
+  if (data_config.dataset == 'pile' and not data_config.tokenizer_path
+      and 'train' not in pile.parse_splits(data_config.pile_splits)):
+    raise ValueError(f'data.pile_splits={data_config.pile_splits!r} has no train split to train '
+                     'a tokenizer on: set data.tokenizer_path (the training run\'s tokenizer, '
+                     '<workdir>/tokenizer.model)')
   existed = tfds_builders._prepared_version_dir(tfds_builders.dataset_root(data_config))  # pylint: disable=protected-access
   vdir = tfds_builders.build(data_config, force=force)
   built = force or existed is None
