@@ -101,6 +101,16 @@ def test_count_while_loops_on_hlo_text():
   assert aot_compile.count_while_loops('%body_while = f32[] add(%a, %b)') == 0
 
 
+def test_optimal_seconds_adds_back_the_uncosted_concat_bitcasts():
+  call = '  %c.{} = f32[64,4096] custom-call(%a, %b), custom_call_target="ConcatBitcast"\n'
+  text = ''.join(call.format(i) for i in range(5))
+  assert math.isclose(aot_compile.optimal_seconds({'optimal_seconds': -4.99985}, text), 1.5e-4,
+                      rel_tol=1e-6)
+  assert aot_compile.optimal_seconds({'optimal_seconds': 2e-3}, text) == 2e-3
+  assert aot_compile.optimal_seconds({'optimal_seconds': -6.5}, text) == 0.0  # still unknown
+  assert aot_compile.optimal_seconds({}, '') == 0.0
+
+
 @pytest.mark.parametrize('tq,tk,bq,bk,causal,want', [
     (256, 256, 128, 128, True, 3),  # diagonal + below: 1 + 2
     (256, 256, 128, 128, False, 4),
@@ -135,7 +145,8 @@ TOPOLOGY = 'v5e:2x2'
 def _tiny(num_layers):
   config = tiny.get_config()
   m = config.model
-  m.num_layers, m.hidden_size, m.num_heads, m.ffn_size, m.vocab_size = num_layers, 64, 4, 128, 256
+  # vocabulary 4096: the compiler's ConcatBitcasts appear (aot_compile.optimal_seconds)
+  m.num_layers, m.hidden_size, m.num_heads, m.ffn_size, m.vocab_size = num_layers, 64, 4, 128, 4096
   m.max_intra = m.max_position = m.block_size = m.train_length = 32
   m.separators, m.separator_ids = 'ids', (13,)
   config.data.seq_len = 32

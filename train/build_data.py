@@ -91,7 +91,9 @@ def main(argv):
   report = tfds_builders.read_report(config)
   if report:
     summary['report'] = report
-  if COUNT_TOKENS.value:
+  if not prepared.tokenizer_path:
+    summary['tokenizer'] = '(none: an evaluation set, tokenised with the run\'s own)'
+  elif COUNT_TOKENS.value:
     tok = data_lib.get_tokenizer(config)
     splits = (pile.parse_splits(config.pile_splits) if config.dataset == 'pile'
               else ('train', 'validation'))

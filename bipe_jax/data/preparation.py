@@ -145,12 +145,14 @@ def preparation_lock(data_config):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def evaluation_only(data_config) -> bool:
+  """A Pile dataset built without a train split (an evaluation subset): no tokenizer of its
+  own; it is tokenised with the evaluated run's."""
+  return (data_config.dataset == 'pile'
+          and 'train' not in pile.parse_splits(data_config.pile_splits))
+
+
 def _prepare_locked(data_config, start: float, force: bool, max_tokenizer_characters: int):
-  if (data_config.dataset == 'pile' and not data_config.tokenizer_path
-      and 'train' not in pile.parse_splits(data_config.pile_splits)):
-    raise ValueError(f'data.pile_splits={data_config.pile_splits!r} has no train split to train '
-                     'a tokenizer on: set data.tokenizer_path (the training run\'s tokenizer, '
-                     '<workdir>/tokenizer.model)')
   existed = tfds_builders._prepared_version_dir(tfds_builders.dataset_root(data_config))  # pylint: disable=protected-access
   vdir = tfds_builders.build(data_config, force=force)
   built = force or existed is None
@@ -160,6 +162,8 @@ def _prepare_locked(data_config, start: float, force: bool, max_tokenizer_charac
     if not os.path.isfile(path):
       raise ValueError(f'data.tokenizer_path={data_config.tokenizer_path!r} does not exist '
                        '(leave it empty to train a tokenizer beside the data)')
+  elif evaluation_only(data_config):
+    path = ''  # nothing to train a tokenizer on
   elif force or built or not os.path.isfile(path):
     t = time.perf_counter()
     tokenizer_lib.train_tokenizer(
