@@ -18,9 +18,14 @@ def model_defaults() -> ml_collections.ConfigDict:
 
 def data_defaults() -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
-  d.dataset = 'embedded'  # embedded | text_folder | pg19 | arxiv
+  d.dataset = 'embedded'  # embedded | text_folder | pile | pg19 | arxiv
   d.data_dir = 'data_cache'  # TFDS data_dir (prepared datasets and the embedded corpus)
   d.text_dir = ''  # for dataset=text_folder
+  # dataset=pile: a folder of the Pile's .jsonl(.zst) files (bipe_jax/data/pile.py), the
+  # meta.pile_set_name subsets kept ('' = all; aliases pg19, arxiv, github) and the splits built.
+  d.pile_dir = ''
+  d.pile_subsets = ''
+  d.pile_splits = 'train,validation'
   d.tokenizer_path = ''  # '' = the tokenizer trained beside the data in data_dir
   d.tokenizer_sha256 = ''  # recorded by a run (with its copy <workdir>/tokenizer.model)
   d.tokenizer_vocab_size = 4096
@@ -31,7 +36,9 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.text_field = 'text'  # JSON field holding the text in .jsonl files (text_folder)
   d.validation_fraction = 0.05  # documents held out for validation (embedded, text_folder)
   d.num_epochs = 0  # 0 = repeat the training split forever (reshuffled every epoch)
-  d.num_threads = 2  # tokenisation threads of the training pipeline (0 = in the caller)
+  # Tokenisation threads of the training pipeline (0 = in the caller). Sized for an accelerator
+  # host, which has tens of cores; CPU presets set their own (configs/tiny.py: 2).
+  d.num_threads = 16
   # Packed rows are shuffled in windows of this many rows, so a batch mixes many documents
   # (0 = rows in document order, as packed; see bipe_jax/data/packing.py).
   d.shuffle_window = 4096
@@ -54,8 +61,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.grad_accum_steps = 1  # micro-batches per step (a scan inside the step); batch_size is global
   # The lm head and the loss in chunks of at most this many positions per batch shard, their
   # gradients in the same pass (training/chunked_loss.py): no [B, T, V] logits. 0 = the plain
-  # logits. 512 measured fastest on this project's CPU; on an accelerator more per chunk is fine.
-  t.loss_chunk_tokens = 512
+  # logits. Sized by memory: one chunk's float32 logits are 4096 x V x 4 B (0.5 GiB at V=32000).
+  # CPU presets set their own (configs/tiny.py: 512, measured fastest on the project's CPU).
+  t.loss_chunk_tokens = 4096
   # Logical data shards: the global batch is the concatenation of `data_shards` pipelines, each
   # process reading its share; the same value gives the same batches for any process count
   # (and lets a run resume on another process count). 0 = one shard per data-loading process.

@@ -123,7 +123,7 @@ def _boundary_rows():
 @pytest.mark.parametrize('fixed', [0, 3, 8])
 @pytest.mark.parametrize('restart', [False, True])
 def test_chunks_with_carries_give_the_streams_of_the_whole_row(fixed, restart):
-  """The rule the context-parallel shards use (bipe_jax/context_parallel.py): each chunk from
+  """The rule the context-parallel shards use (bipe_jax/attention/context_parallel.py): each chunk from
   the combined summaries of the chunks before it equals its slice of the whole row."""
   tokens = _boundary_rows()
   table = P.separator_table(VOCAB, [SEP])

@@ -119,6 +119,12 @@ def test_151m_preset_on_a_self_trained_tokenizer(dirs, tmp_path):
   assert saved['model']['train_length'] == saved['model']['rope_original_length'] == 32
   proc = run(str(tmp_path / 'official'), '--config.model.separators=official')
   assert proc.returncode == 2
+  last = proc.stderr.strip().splitlines()[-1]  # no Llama tokenizer given
+  assert last.startswith("config error: model.separators='official' means ids (869, 13) of the "
+                         'Llama tokenizer: set data.tokenizer_path')
+  proc = run(str(tmp_path / 'official2'), '--config.model.separators=official',
+             f'--config.data.tokenizer_path={saved["data"]["tokenizer_path"]}')
+  assert proc.returncode == 2
   last = proc.stderr.strip().splitlines()[-1]  # (this vocabulary has no id 869 at all)
   assert last == ('config error: model.separator_ids=(869, 13) is invalid: ids [869] are out of '
                   'range: allowed 0..319.')

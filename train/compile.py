@@ -1,5 +1,7 @@
 """Compile the training step for a TPU slice or GPU hosts on this host (no accelerator needed)
-and print per-chip memory, FLOPs and collectives:
+and print per-chip memory, FLOPs and collectives, then (TPU) the predicted step time, tokens/s,
+MFU and hours for the preset's token budget (XLA's TPU cost model: an estimate, not a
+measurement; --nopredict skips):
 
   python train/compile.py --config=configs/paper_151m.py:bipe_rope --topology=v5e:2x4
   python train/compile.py --config=configs/paper_151m.py:bipe_alibi --platform=cuda --topology=h100:8
@@ -39,6 +41,9 @@ _EVAL_LENGTHS = flags.DEFINE_list('eval_lengths', [], 'Also compile the evaluati
 _EVAL_BATCH = flags.DEFINE_integer('eval_batch_size', 0, 'Rows per evaluation batch '
                                    '(0 = train.batch_size).')
 _OUTPUT = flags.DEFINE_string('output', '', 'Write the figures as JSON to this file.')
+_PREDICT = flags.DEFINE_bool('predict', True, "Also print the step time, tokens/s and MFU per "
+                             "chip and the hours for train.steps, from XLA's TPU cost model "
+                             '(an estimate; two more compiles, of 1 and 2 unrolled layers).')
 flags.mark_flags_as_required(['config'])
 
 
@@ -53,7 +58,8 @@ def main(argv):
   from bipe_jax.compile import cli as compile_cli  # pylint: disable=g-import-not-at-top
   sys.exit(compile_cli.run(_CONFIG.value, _TOPOLOGY.value, num_slices=_NUM_SLICES.value,
                            eval_lengths=_EVAL_LENGTHS.value, eval_batch_size=_EVAL_BATCH.value,
-                           output=_OUTPUT.value, platform=_PLATFORM.value))
+                           output=_OUTPUT.value, platform=_PLATFORM.value,
+                           predict=_PREDICT.value))
 
 
 if __name__ == '__main__':

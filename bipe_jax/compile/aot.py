@@ -41,6 +41,7 @@ from bipe_jax.training import train_step
 
 def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFigures:
   memory = compiled.memory_analysis()
+  text = compiled.as_text()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
   return StepFigures(
@@ -49,10 +50,12 @@ def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFig
       temp_bytes=int(memory.temp_size_in_bytes),
       generated_code_bytes=int(memory.generated_code_size_in_bytes),
       flops=float(cost.get('flops', 0.0)), model_flops=model_flops,
-      collectives=hlo_stats.count_collectives(compiled.as_text()), compile_seconds=seconds)
+      collectives=hlo_stats.count_collectives(text), compile_seconds=seconds,
+      optimal_seconds=hlo_stats.optimal_seconds(cost, text),
+      while_loops=hlo_stats.count_while_loops(text))
 
 
-def _placeholder_separators(config) -> None:
+def placeholder_separators(config) -> None:
   """Fills what training resolves from the data, which the compiled program does not depend on
   beyond constants: separator ids (a lookup table's values) and an inter-stream RoPE original
   length (a scale)."""
@@ -119,7 +122,7 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   if devices is None:
     devices = topologies.platform_devices(platform, topology, num_slices)
   config = config.copy_and_resolve_references()
-  _placeholder_separators(config)
+  placeholder_separators(config)
   config_validation.derive_fields(config)
   config_validation.validate_config(config, len(devices))
   try:

@@ -4,6 +4,9 @@ Exit codes: 0 the training (and evaluation) steps fit every chip's HBM, 1 they d
 on stderr naming what would help), 2 a bad config, topology or eval length, 3 (--platform=cuda
 without the CUDA plugin) lowered for CUDA but not compiled: the lowered program's summary is
 printed and one line says why it could not be compiled.
+
+With `predict` (TPU), it also prints the planning figures of XLA's TPU cost model (step time,
+tokens/s and MFU per chip, hours for the token budget: compile/step_cost.py).
 """
 
 import sys
@@ -12,6 +15,7 @@ from bipe_jax.compile import aot
 from bipe_jax.compile import gpu_lowering
 from bipe_jax.compile import gpu_targets
 from bipe_jax.compile import report as report_lib
+from bipe_jax.compile import step_cost
 from bipe_jax.compile import topologies
 from bipe_jax.runs import workdir_io
 from bipe_jax.compile.topologies import CompileError
@@ -21,7 +25,9 @@ LOWERED_ONLY = 3
 
 
 def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_batch_size: int = 0,
-        output: str = '', platform: str = 'tpu') -> int:
+        output: str = '', platform: str = 'tpu', predict: bool = False) -> int:
+  """Compiles and prints; with `predict` on a TPU topology, also the planning figures of the
+  cost model (compile/step_cost.py: two more compiles) when the step fits."""
   try:
     lengths = [int(x) for x in eval_lengths]
   except ValueError:
@@ -58,8 +64,20 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
     print(f'not compiled: {lower_only}', file=sys.stderr, flush=True)
     return LOWERED_ONLY
   print(report_lib.format_report(report), flush=True)
+  record = report.to_json()
+  if predict and record['fits'] and platform == 'tpu':
+    try:
+      prediction = step_cost.predict(config, topology, devices, num_slices=num_slices)
+    except (step_cost.CostingError, CompileError) as e:
+      print(f'no prediction: {e}', flush=True)
+    else:
+      print('\n' + step_cost.format_prediction(prediction), flush=True)
+      record['prediction'] = prediction.to_json()
+  elif predict and platform != 'tpu':
+    print('no prediction: XLA\'s GPU compiler gives no cost model for a deviceless compile',
+          flush=True)
   if output:
-    workdir_io.write_json(output, report.to_json(), indent=1)
+    workdir_io.write_json(output, record, indent=1)
   if not all(report.fits(step) for step in report.steps):
     print(f'error: {report_lib.fit_advice(report)}', file=sys.stderr, flush=True)
     return 1

@@ -5,7 +5,7 @@ JAX lowers a jitted function for another platform without its compiler
 StableHLO text says which operations the program is made of before XLA's GPU passes, which
 custom calls it makes (cuDNN's fused attention, a Pallas Triton kernel) and which collectives it
 holds. `summarize` reads that text; `one_device_share` is the config of one device's share of a
-run, which aot_compile.lower_for_cuda lowers: the fallback of `train/compile.py --platform=cuda`
+run, which compile/aot.lower_for_cuda lowers: the fallback of `train/compile.py --platform=cuda`
 where the CUDA plugin is missing.
 """
 

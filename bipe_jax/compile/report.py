@@ -25,6 +25,11 @@ class StepFigures:
   # above are 0, `out_of_memory` holds its message and `required_bytes` the size it names.
   out_of_memory: str = ''
   required_bytes: int = 0
+  # XLA's TPU cost model: the program's predicted seconds (`cost_analysis()['optimal_seconds']`,
+  # loops counted once like `flops`; 0 where the backend gives none), and how many while loops
+  # the compiled program still holds (compile/step_cost.py costs a loop-free version).
+  optimal_seconds: float = 0.0
+  while_loops: int = 0
   # With compile_for_topology(keep_text=True): {'lowered': StableHLO before XLA's passes,
   # 'compiled': the optimised HLO, 'primitives': 'name=count,...' of the traced step's JAX
   # primitives}; left out of the JSON.

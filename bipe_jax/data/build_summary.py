@@ -1,7 +1,7 @@
 """The few lines `train/build_data.py` prints about a build (the full record: --json).
 
     summary = {'dataset', 'version_dir', 'tokenizer', 'built', 'trained_tokenizer',
-               'prepare_seconds', 'report' (optional), 'train_tokens', 'validation_tokens',
+               'prepare_seconds', 'report' (optional), '<split>_tokens' (each split counted),
                'vocab_size', 'separators_auto' (optional), 'wall_seconds'}
 """
 
@@ -32,9 +32,10 @@ def format_summary(summary: dict) -> str:
   if 'separators_auto' in summary:
     line += f', {summary["separators_auto"]} separator pieces under model.separators=auto'
   lines.append(line + ')')
-  if 'train_tokens' in summary:
-    lines.append(f'tokens: {summary["train_tokens"]:,} train / '
-                 f'{summary["validation_tokens"]:,} validation')
+  counts = [(split, summary[f'{split}_tokens']) for split in ('train', 'validation', 'test')
+            if f'{split}_tokens' in summary]
+  if counts:
+    lines.append('tokens: ' + ' / '.join(f'{n:,} {split}' for split, n in counts))
   problems = [f'{report[k]:,} {what}' for k, what in _PROBLEMS if report.get(k)]
   if problems:
     lines.append('input: ' + '; '.join(problems) + ' (details: --json)')

@@ -9,6 +9,7 @@ import codecs
 import collections
 import dataclasses
 import hashlib
+import json
 import threading
 from typing import Iterable, Sequence
 
@@ -70,6 +71,22 @@ def decode_bytes(data: bytes) -> tuple[str, int]:
   _COUNTER.replaced = 0
   text = data.decode('utf-8', errors='bipe_count_replace')
   return text, _COUNTER.replaced
+
+
+def json_record(raw: bytes, text_field: str, report: BuildReport) -> tuple[dict, int] | None:
+  """(object, bytes replaced) of one JSON line whose `text_field` is a string; None for a blank
+  line, and for a line that is not such an object (counted in `report.bad_json_lines`)."""
+  if not raw.strip():
+    return None
+  line, replaced = decode_bytes(raw)
+  try:
+    obj = json.loads(line)
+  except json.JSONDecodeError:
+    obj = None
+  if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+    report.bad_json_lines += 1
+    return None
+  return obj, replaced
 
 
 def split_of(doc_id: str, validation_ids: frozenset) -> str:

@@ -16,6 +16,7 @@ import time
 
 from bipe_jax.runs import workdir_io
 from bipe_jax.data import generated
+from bipe_jax.data import pile
 from bipe_jax.data import tfds_builders
 from bipe_jax.data import tokenizer as tokenizer_lib
 
@@ -145,6 +146,13 @@ def preparation_lock(data_config):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def evaluation_only(data_config) -> bool:
+  """A Pile dataset built without a train split (an evaluation subset): no tokenizer of its
+  own; it is tokenised with the evaluated run's."""
+  return (data_config.dataset == 'pile'
+          and 'train' not in pile.parse_splits(data_config.pile_splits))
+
+
 def _prepare_locked(data_config, start: float, force: bool, max_tokenizer_characters: int):
   existed = tfds_builders._prepared_version_dir(tfds_builders.dataset_root(data_config))  # pylint: disable=protected-access
   vdir = tfds_builders.build(data_config, force=force)
@@ -155,6 +163,8 @@ def _prepare_locked(data_config, start: float, force: bool, max_tokenizer_charac
     if not workdir_io.isfile(path):
       raise ValueError(f'data.tokenizer_path={data_config.tokenizer_path!r} does not exist '
                        '(leave it empty to train a tokenizer beside the data)')
+  elif evaluation_only(data_config):
+    path = ''  # nothing to train a tokenizer on
   elif force or built or not workdir_io.isfile(path):
     t = time.perf_counter()
     tokenizer_lib.train_tokenizer(

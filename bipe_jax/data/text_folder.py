@@ -10,7 +10,6 @@ names the built dataset, so editing the folder triggers a rebuild instead of ser
 """
 
 import hashlib
-import json
 import os
 from typing import Iterator
 
@@ -76,18 +75,11 @@ def iter_documents(text_dir: str, text_field: str,
       yield doc_id, text
       continue
     for lineno, raw in enumerate(data.split(b'\n'), start=1):
-      if not raw.strip():
+      record = documents.json_record(raw, text_field, report)
+      if record is None:
         continue
-      line, replaced = documents.decode_bytes(raw)
+      obj, replaced = record
       line_id = f'{doc_id}:{lineno}'
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError:
-        report.bad_json_lines += 1
-        continue
-      if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-        report.bad_json_lines += 1
-        continue
       if replaced:
         report.undecodable[line_id] = replaced
       yield line_id, obj[text_field]

@@ -10,6 +10,7 @@ to prepare them otherwise.
 On-disk layout (`data_dir` = config.data.data_dir):
   bipe_embedded/<py311_val050>/1.0.0/...      the embedded corpus (per Python version, split)
   bipe_text_folder/<name>_<fingerprint>/1.0.0/...   a folder of text
+  bipe_pile/<subsets>_<splits>_<fingerprint>/1.0.0/...   a Pile-format folder (data/pile.py)
   pg19/<version>/...,  scientific_papers/arxiv/<version>/...   prepared by the user
 Each dataset's root (the folder above the version) also holds its tokenizers and
 `build_report.json`.
@@ -28,10 +29,11 @@ import tensorflow_datasets as tfds
 from bipe_jax.runs import workdir_io
 from bipe_jax.data import documents
 from bipe_jax.data import embedded_corpus
+from bipe_jax.data import pile
 from bipe_jax.data import text_folder
 
 VERSION = '1.0.0'
-DATASETS = ('embedded', 'text_folder', 'pg19', 'arxiv')
+DATASETS = ('embedded', 'text_folder', 'pile', 'pg19', 'arxiv')
 # TFDS catalog name and the feature that holds the document text.
 CATALOG = {'pg19': ('pg19', 'book_text'), 'arxiv': ('scientific_papers/arxiv', 'article')}
 TEXT_FEATURE = 'text'
@@ -104,7 +106,43 @@ class BipeTextFolder(_DocumentBuilderMixin, tfds.core.GeneratorBasedBuilder):
     return text_folder.iter_documents(self._text_dir, self._text_field, report)
 
 
+class BipePile(_DocumentBuilderMixin, tfds.core.GeneratorBasedBuilder):
+  """A folder in the Pile's format (jsonl / jsonl.zst): its splits by file (not by document
+  hash), records selected by `meta.pile_set_name` (bipe_jax/data/pile.py)."""
+  VERSION = tfds.core.Version(VERSION)
+
+  def __init__(self, *, pile_dir: str, subsets, splits, text_field: str = 'text', **kwargs):
+    self._pile_dir, self._subsets, self._splits = pile_dir, tuple(subsets), tuple(splits)
+    self._text_field = text_field
+    super().__init__(**kwargs)
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self, features=_features(),
+        description=(f'Pile-format folder {self._pile_dir}, subsets '
+                     f'{list(self._subsets) or "all"}'))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # nothing is downloaded
+    self.report = pile.PileReport()
+    files = pile.split_files(self._pile_dir, self._splits)
+    return {split: self._generate_examples(split, names) for split, names in files.items()}
+
+  def _generate_examples(self, split, names):
+    for doc_id, text in pile.iter_documents(self._pile_dir, names, split, self._subsets,
+                                            self._text_field, self.report):
+      yield doc_id, {'text': text, 'id': doc_id}
+
+
+def _pile_selection(data_config):
+  """(subsets, splits) of a dataset='pile' config."""
+  return (pile.parse_subsets(data_config.get('pile_subsets', '')),
+          pile.parse_splits(data_config.get('pile_splits', 'train,validation')))
+
+
 def _config_name(data_config) -> str:
+  if data_config.dataset == 'pile':
+    return pile.config_name(data_config.pile_dir, *_pile_selection(data_config))
   frac = round(float(data_config.validation_fraction) * 1000)
   if data_config.dataset == 'embedded':
     return f'{embedded_corpus.version_tag()}_val{frac:03d}'
@@ -129,6 +167,8 @@ def dataset_root(data_config) -> str:
     return os.path.join(data_dir, 'bipe_embedded', _config_name(data_config))
   if data_config.dataset == 'text_folder':
     return os.path.join(data_dir, 'bipe_text_folder', _config_name(data_config))
+  if data_config.dataset == 'pile':
+    return os.path.join(data_dir, 'bipe_pile', _config_name(data_config))
   return os.path.join(data_dir, *CATALOG[data_config.dataset][0].split('/'))
 
 
@@ -173,7 +213,8 @@ def version_dir(data_config) -> str:
 
 
 def build(data_config, *, force: bool = False) -> str:
-  """Builds the embedded corpus or a text folder as array_record (idempotent); its version dir.
+  """Builds the embedded corpus, a text folder or a Pile folder as array_record (idempotent);
+  its version dir.
 
   Catalog datasets cannot be built here: they get the `version_dir` error when missing.
   """
@@ -215,6 +256,11 @@ def _build_in(data_config, data_dir: str, config_name: str):
                 validation_fraction=float(data_config.validation_fraction))
   if data_config.dataset == 'embedded':
     builder = BipeEmbedded(**kwargs)
+  elif data_config.dataset == 'pile':
+    del kwargs['validation_fraction']  # the folder's own splits
+    subsets, splits = _pile_selection(data_config)
+    builder = BipePile(pile_dir=data_config.pile_dir, subsets=subsets, splits=splits,
+                       text_field=data_config.text_field, **kwargs)
   else:
     builder = BipeTextFolder(text_dir=data_config.text_dir, text_field=data_config.text_field,
                              **kwargs)

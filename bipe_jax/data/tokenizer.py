@@ -105,9 +105,10 @@ class Tokenizer:
   def unk_id(self) -> int:
     return self._sp.unk_id()
 
-  def encode(self, text: str | Sequence[str]):
-    """Token ids of a string (list[int]) or of a list of strings (list[list[int]]), no BOS."""
-    return self._sp.Encode(text)
+  def encode(self, text: str | Sequence[str], num_threads: int = 1):
+    """Token ids of a string (list[int]) or of a list of strings (list[list[int]], encoded on
+    `num_threads` SentencePiece threads), no BOS."""
+    return self._sp.Encode(text, num_threads=num_threads)
 
   def encode_document(self, text: str) -> np.ndarray:
     """int32 [1 + n]: BOS followed by the document's ids (how documents are packed)."""

@@ -41,11 +41,14 @@ def _tqdm_factory(label: str):
   return factory
 
 
-def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = ''):
+def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = '',
+                    pile_subset: str = ''):
   """The run's data config with optional dataset / data_dir overrides (unlocked copy).
 
   The tokenizer stays the run's own (load_run set data.tokenizer_path to it): another dataset
   is tokenised with the tokenizer the model was trained with, never with its own.
+  `pile_subset` (dataset='pile'): score the validation split of that subset alone (pg19, arxiv,
+  github or a meta.pile_set_name; built by train/build_data.py, docs/tpu.md).
   """
   from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
@@ -57,6 +60,13 @@ def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = ''):
       data_config.dataset = dataset
     if data_dir:
       data_config.data_dir = data_dir
+    if pile_subset:
+      if data_config.dataset != 'pile':
+        raise ValueError(f'--pile_subset={pile_subset} needs data.dataset=pile (this run: '
+                         f'{data_config.dataset!r}; add --dataset=pile)')
+      from bipe_jax.data import pile  # pylint: disable=g-import-not-at-top
+      data_config.pile_subsets = ','.join(pile.parse_subsets(pile_subset))
+      data_config.pile_splits = 'validation'
   return data_config
 
 
@@ -71,7 +81,8 @@ def resolve_output(output: str, workdirs, name: str) -> str:
   return os.path.join(workdirs[0], name) if workdirs else ''
 
 
-def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', protocol='blocks',
+def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', pile_subset='',
+                    protocol='blocks',
                     stride=None, max_tokens=None, tokens_per_batch=16384,
                     attention_impl=runs_lib.EVAL_ATTENTION_IMPL, block_size=0,
                     output=AUTO_OUTPUT, plot='', per_position=False, position_plot='',
@@ -96,7 +107,8 @@ def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', pr
             f'mesh {dict(run.mesh.shape)}', flush=True)
       results = sweep.evaluate_run(
           run, lengths, protocol=protocol, stride=stride, max_tokens=max_tokens,
-          tokens_per_batch=tokens_per_batch, data_config=data_config_for(run, dataset, data_dir),
+          tokens_per_batch=tokens_per_batch,
+          data_config=data_config_for(run, dataset, data_dir, pile_subset),
           progress_factory=_tqdm_factory(run.encoding), per_position=per_position)
       entries.append(sweep.run_entry(label, run, results))
       all_results.append(results)

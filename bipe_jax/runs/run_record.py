@@ -57,7 +57,7 @@ def read_saved_config(workdir: str) -> dict | None:
 
 # Fields that hold a local path: config.json records them absolute (a run read from another
 # directory finds its data), and the resume check compares them absolute.
-PATH_FIELDS = ('data.data_dir', 'data.text_dir', 'data.tokenizer_path', 'data.scrolls_jsonl',
+PATH_FIELDS = ('data.data_dir', 'data.text_dir', 'data.pile_dir', 'data.tokenizer_path', 'data.scrolls_jsonl',
                'checkpoint.dir', 'train.init_from')
 
 

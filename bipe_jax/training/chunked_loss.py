@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from bipe_jax import kernels as kernels_lib
+from bipe_jax.training import loop_unroll
 
 
 def chunk_length(rows_per_shard: int, seq_len: int, chunk_tokens: int) -> int:
@@ -131,7 +132,8 @@ def _forward(hidden, kernel, targets, weights, chunk_len, dtype, kernels):
     return total + jnp.sum(nll * w), None
 
   chunks = _checked_chunks(hidden, targets, weights, chunk_len)
-  total, _ = jax.lax.scan(body, _zeros_varying_like((), hidden), chunks)
+  total, _ = jax.lax.scan(body, _zeros_varying_like((), hidden), chunks,
+                          unroll=loop_unroll.scan_unroll())
   return total, None
 
 
@@ -157,7 +159,8 @@ def _forward_with_gradients(hidden, kernel, targets, weights, chunk_len, dtype, 
   extra_chunks = path.lm_head_scan_inputs(h_chunks)
   init = (_zeros_varying_like((), hidden), _zeros_varying_like(kernel.shape, hidden))
   (total, d_kernel), (d_hidden, nll) = jax.lax.scan(
-      body, init, (h_chunks, extra_chunks, t_chunks, w_chunks))
+      body, init, (h_chunks, extra_chunks, t_chunks, w_chunks),
+      unroll=loop_unroll.scan_unroll())
   unflat = lambda x: _from_chunks(x.reshape(t // chunk_len, b, chunk_len, *x.shape[2:]))
   return total, (unflat(d_hidden), d_kernel.astype(kernel.dtype),
                  unflat(nll).astype(weights.dtype))

@@ -88,6 +88,10 @@ def validate_mesh(config, device_count: int) -> tuple[int, ...]:
            f'must be a multiple of the batch shards mesh.data*mesh.fsdp={shards} times '
            f'train.grad_accum_steps={accum} (= {shards * accum})')
   context = shape[mesh_lib.MESH_AXES.index(mesh_lib.CONTEXT_AXIS)]
+  if config.model.separators == 'official' and not config.data.get('tokenizer_path'):
+    raise ConfigError("model.separators='official' means ids (869, 13) of the Llama tokenizer: "
+                      'set data.tokenizer_path to its tokenizer.model (never downloaded), or '
+                      "use a rule (model.separators='auto') with the data's own tokenizer")
   seq_len = config.data.seq_len
   _require(isinstance(seq_len, int) and seq_len % context == 0, 'data.seq_len', seq_len,
            f'must be a multiple of mesh.context={context} (each context shard holds '

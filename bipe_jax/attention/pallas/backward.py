@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from bipe_jax.attention.pallas import cost
 from bipe_jax.attention.pallas import forward as fwd
 from bipe_jax.attention.pallas import layout
 
@@ -104,13 +105,15 @@ def _dkv_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delt
       dck_ref[...] = dck_scr[...]
 
 
-def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, semantics, interpret, args):
+def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, semantics, interpret, args,
+          cost_estimate):
   return pl.pallas_call(
       kernel,
       grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=in_specs,
                                              out_specs=out_specs, scratch_shapes=scratch),
       out_shape=out_shape,
       compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+      cost_estimate=cost_estimate,
       interpret=interpret,
   )(*args)
 
@@ -131,6 +134,8 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
   args = (q_max, k_min, q, k, v, d_out, lse, delta, q_info, k_info, params,
           *fwd.float_position_args(tile_bias, c_q, c_k))
   statics = dict(tile_bias=tile_bias, scale=scale, causal=causal, n_q_tiles=n_q, n_k_tiles=n_k)
+  dq_cost, dkv_cost = cost.backward_cost(b, h, g, tq, tk, d, block_q, block_k, causal,
+                                         q.dtype.itemsize)
 
   def specs(tile_of):
     """In-specs of `args` given tile_of(*grid) -> (batch, query tile, key tile, head)."""
@@ -158,7 +163,7 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
       + ([c_row(tq)] if uses_c else []),
       [pltpu.VMEM((block_q, d), jnp.float32), pltpu.VMEM((1, num_params), jnp.float32)]
       + ([pltpu.VMEM((block_q, 1), jnp.float32)] if uses_c else []),
-      ('parallel', 'parallel', 'parallel', 'arbitrary'), interpret, args)
+      ('parallel', 'parallel', 'parallel', 'arbitrary'), interpret, args, dq_cost)
 
   dkv_tile = lambda bb, gg, j, rr, i, *_: (bb, i, j, gg * r + rr)
   kv_out = pl.BlockSpec((None, None, block_k, d), lambda bb, gg, j, rr, i, *_: (bb, gg, j, 0))
@@ -171,7 +176,8 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
       + ([c_row(tk)] if uses_c else []),
       [pltpu.VMEM((block_k, d), jnp.float32), pltpu.VMEM((block_k, d), jnp.float32)]
       + ([pltpu.VMEM((1, block_k), jnp.float32)] if uses_c else []),
-      ('parallel', 'parallel', 'parallel', 'arbitrary', 'arbitrary'), interpret, args)
+      ('parallel', 'parallel', 'parallel', 'arbitrary', 'arbitrary'), interpret, args,
+      dkv_cost)
   dq, dparams = dq_outs[:2]
   dk, dv = dkv_outs[:2]
   d_params = jnp.sum(dparams.reshape(b, h, n_q, num_params), axis=(0, 2))

@@ -17,6 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from bipe_jax.kernels.gqa_products import NEG_INF
+from bipe_jax.attention.pallas import cost
 from bipe_jax.attention.pallas import layout
 from bipe_jax.attention.pallas.tile_bias import TileBias
 
@@ -144,5 +145,7 @@ def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, c_q=None, c_k=Non
                  jax.ShapeDtypeStruct((b, h, 1, tq), jnp.float32)],
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')),
+      cost_estimate=cost.forward_cost(b, h, tq, tk, d, block_q, block_k, causal,
+                                      q.dtype.itemsize),
       interpret=interpret,
   )(q_max, k_min, q, k, v, q_info, k_info, params, *float_position_args(tile_bias, c_q, c_k))

@@ -1,0 +1,31 @@
+"""configs/paper_151m.py (the paper's 151M models on the Pile) with the settings of a TPU v5e-8,
+taken from compiling the step for that slice (train/compile.py --topology=v5e:2x4,
+docs/accelerators.md, docs/tpu.md):
+
+  --config=configs/paper_151m_tpu.py:ENCODING[_llama]     (the same presets as paper_151m.py)
+
+- bfloat16 compute, float32 parameters and optimizer state (`model.dtype='bfloat16'`: the
+  master weights, Adam moments and gradient reduction stay float32).
+- `model.remat='save_projections'`: at 256 x 1024 (32 rows per chip) the bfloat16 step compiles
+  to 12.76 of 16 GiB per v5e chip saving the projections' outputs, and needs 25 GiB without
+  remat (refused); full remat fits with more room but recomputes every layer's matmuls.
+- loss in chunks of 4096 positions per batch shard (`train.loss_chunk_tokens`): one chunk's
+  float32 logits are 4096 x 32000 x 4 B = 0.5 GiB, 8 chunks per step on a chip's 32 x 1024.
+- `data.num_threads=32`: the pipeline tokenised about 250k tokens/s with 2 threads on the
+  project's 2-core CPU (core-bound there); a v5e-8 consumes about 0.5-0.7M tokens/s (the
+  predicted step of train/compile.py), and its host has 224 vCPUs (v5litepod-8; 112 per host on
+  the 4-chip hosts of larger slices), so 32 threads leave a wide margin; `data.prefetch=4`.
+Everything else, and what it reproduces of the paper, is paper_151m.py's (see its docstring).
+"""
+
+from configs import paper_151m
+
+
+def get_config(preset: str = 'bipe_rope'):
+  config = paper_151m.get_config(preset)
+  config.model.dtype = 'bfloat16'
+  config.model.remat = 'save_projections'
+  config.train.loss_chunk_tokens = 4096
+  config.data.num_threads = 32
+  config.data.prefetch = 4
+  return config

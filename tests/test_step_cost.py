@@ -1,0 +1,214 @@
+"""Planning figures from XLA's TPU cost model (compile/step_cost.py, train/compile.py) and the
+Pallas kernels' cost estimates (pallas/cost.py).
+
+The scaling logic is checked against hand computations; the costing programs are checked to be
+loop-free (training/loop_unroll.py unrolls the chunked loss); on a v5e:2x2 topology (libtpu) the
+prediction for an unrolled 3-layer tiny model is checked against compiling that program itself,
+and the Pallas forward's FLOPs in XLA's cost analysis against the hand count.
+"""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bipe_jax.attention.pallas import cost as pallas_cost
+from bipe_jax.compile import aot
+from bipe_jax.compile import cli as compile_cli
+from bipe_jax.compile import hlo_stats
+from bipe_jax.compile import step_cost
+from bipe_jax.compile import topologies
+from bipe_jax.training import chunked_loss
+from bipe_jax.training import loop_unroll
+from configs import paper_151m_tpu
+from configs import tiny
+
+
+def _prediction(**fields):
+  values = dict(topology='v5e:2x4', device_kind='TPU v5 lite', num_devices=8, num_layers=12,
+                grad_accum_steps=1, seconds=(0.003, 0.005), flops=(1e12, 1.5e12),
+                while_loops=0, tokens_per_step=256 * 1024, model_flops_per_chip=2e13,
+                peak_flops=197e12, train_steps=490000)
+  values.update(fields)
+  return step_cost.StepPrediction(**values)
+
+
+def test_layer_scaling_by_hand():
+  # 1 layer 3 ms, 2 layers 5 ms: 2 ms per layer, 1 ms outside the layers; 12 layers: 25 ms
+  rest, per_layer = step_cost.scale_by_layers(0.003, 0.005, 12)
+  assert math.isclose(per_layer, 0.002) and math.isclose(rest, 0.001)
+  p = _prediction()
+  assert math.isclose(p.step_seconds, 0.025)
+  assert math.isclose(p.tokens_per_second_per_chip, 262144 / 8 / 0.025)  # 1,310,720
+  assert math.isclose(p.mfu, 2e13 / 0.025 / 197e12)
+  assert math.isclose(p.xla_flops_per_chip, 0.5e12 + 12 * 0.5e12)
+  assert p.budget_tokens == 490000 * 262144
+  assert math.isclose(p.budget_hours, 490000 * 0.025 / 3600)
+  # micro-batches: the step is that many micro-steps of batch / accumulation
+  assert math.isclose(_prediction(grad_accum_steps=4).step_seconds, 0.1)
+  assert _prediction(peak_flops=0.0).mfu == 0.0
+  record = p.to_json()
+  assert record['label'] == step_cost.LABEL and math.isclose(record['step_seconds'], 0.025)
+  text = step_cost.format_prediction(p)
+  assert 'not a measurement' in text and '25 ms' in text and 'in 3.403 hours on v5e:2x4' in text
+  assert 'lower bound' in step_cost.format_prediction(_prediction(while_loops=2))
+
+
+def test_costing_config_is_loop_free_and_leaves_the_preset_alone():
+  config = paper_151m_tpu.get_config('bipe_rope')
+  config.train.grad_accum_steps = 4
+  c = step_cost.costing_config(config, 2)
+  assert (c.model.num_layers, c.model.scan_layers) == (2, False)
+  assert c.model.block_size == 1024  # one attention block: no blockwise scan
+  assert (c.train.batch_size, c.train.grad_accum_steps) == (64, 1)
+  assert (config.model.num_layers, config.model.scan_layers, config.train.batch_size) == (
+      12, True, 256)
+  assert c.model.dtype == 'bfloat16' and c.model.remat == 'save_projections'
+
+
+def _while_count(fn, *args) -> int:
+  return hlo_stats.count_while_loops(jax.jit(fn).lower(*args).compile().as_text())
+
+
+def test_the_chunked_loss_unrolls_only_inside_unrolled():
+  rng = np.random.default_rng(0)
+  hidden = jnp.asarray(rng.normal(size=(2, 16, 8)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(8, 11)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 11, (2, 16)), jnp.int32)
+  weights = jnp.ones((2, 16), jnp.float32)
+
+  def make_loss():  # a new function per trace: JAX caches a function's traces
+    return lambda h, w: chunked_loss.lm_head_nll_sum(h, w, targets, weights, chunk_len=4)
+
+  def grad():
+    return jax.grad(make_loss(), argnums=(0, 1))
+
+  assert _while_count(grad(), hidden, kernel) >= 1  # training: one compiled chunk body
+  with loop_unroll.unrolled():
+    assert _while_count(grad(), hidden, kernel) == 0
+    unrolled = jax.jit(grad())(hidden, kernel)
+  assert loop_unroll.scan_unroll() == 1
+  for a, b in zip(unrolled, jax.jit(grad())(hidden, kernel)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_count_while_loops_on_hlo_text():
+  text = ('ENTRY %main {\n  %w = (s32[], f32[4]) while((s32[], f32[4]) %t), condition=%c, '
+          'body=%b\n  %x = f32[4] add(f32[4] %a, f32[4] %a)\n'
+          '  %while.2 = (s32[]) while((s32[]) %u), condition=%c2, body=%b2\n}')
+  assert hlo_stats.count_while_loops(text) == 2
+  assert hlo_stats.count_while_loops('%body_while = f32[] add(%a, %b)') == 0
+
+
+def test_optimal_seconds_adds_back_the_uncosted_concat_bitcasts():
+  call = '  %c.{} = f32[64,4096] custom-call(%a, %b), custom_call_target="ConcatBitcast"\n'
+  text = ''.join(call.format(i) for i in range(5))
+  assert math.isclose(hlo_stats.optimal_seconds({'optimal_seconds': -4.99985}, text), 1.5e-4,
+                      rel_tol=1e-6)
+  assert hlo_stats.optimal_seconds({'optimal_seconds': 2e-3}, text) == 2e-3
+  assert hlo_stats.optimal_seconds({'optimal_seconds': -6.5}, text) == 0.0  # still unknown
+  assert hlo_stats.optimal_seconds({}, '') == 0.0
+
+
+@pytest.mark.parametrize('tq,tk,bq,bk,causal,want', [
+    (256, 256, 128, 128, True, 3),  # diagonal + below: 1 + 2
+    (256, 256, 128, 128, False, 4),
+    (512, 512, 128, 256, True, 6),  # query tiles 0..3 see key tiles 1, 1, 2, 2
+    (128, 512, 128, 128, True, 4),  # the last 128 queries see every key
+    (384, 384, 128, 128, True, 6),
+])
+def test_visible_tiles_by_hand(tq, tk, bq, bk, causal, want):
+  assert pallas_cost.visible_tiles(tq, tk, bq, bk, causal) == want
+  # a loop-based count: tile (i, j) computed iff its first key <= its last query position
+  brute = sum(1 for i in range(tq // bq) for j in range(tk // bk)
+              if not causal or j * bk <= tk - tq + (i + 1) * bq - 1)
+  assert brute == want
+
+
+def test_pallas_cost_estimates_by_hand():
+  est = pallas_cost.forward_cost(2, 4, 256, 256, 64, 128, 128, True, 2)
+  assert est.flops == 2 * 4 * 3 * 4 * 128 * 128 * 64
+  assert est.transcendentals == 2 * 4 * 3 * 128 * 128 + 2 * 4 * 256
+  assert est.bytes_accessed == (2 * 2 * 4 * 256 * 64 * 2 + 2 * 4 * 3 * 2 * 128 * 64 * 2
+                                + 2 * 4 * 256 * 4)
+  dq, dkv = pallas_cost.backward_cost(2, 4, 2, 256, 256, 64, 128, 128, True, 2)
+  assert dq.flops == 6 * 2 * 4 * 3 * 128 * 128 * 64 and dkv.flops == 8 * 2 * 4 * 3 * 128 * 128 * 64
+  assert dq.transcendentals == dkv.transcendentals == 2 * 4 * 3 * 128 * 128
+
+
+# ----------------------------------------------------------------- on a TPU topology (libtpu)
+
+TOPOLOGY = 'v5e:2x2'
+
+
+def _tiny(num_layers):
+  config = tiny.get_config()
+  m = config.model
+  # vocabulary 4096: the compiler's ConcatBitcasts appear (hlo_stats.optimal_seconds)
+  m.num_layers, m.hidden_size, m.num_heads, m.ffn_size, m.vocab_size = num_layers, 64, 4, 128, 4096
+  m.max_intra = m.max_position = m.block_size = m.train_length = 32
+  m.separators, m.separator_ids = 'ids', (13,)
+  config.data.seq_len = 32
+  config.train.batch_size = 8
+  config.train.loss_chunk_tokens = 16  # 4 chunks of the loss per batch shard
+  config.train.steps = 1000
+  return config
+
+
+@pytest.mark.slow
+def test_prediction_matches_the_compiled_program_and_the_cli_prints_it(tmp_path, capsys):
+  """A 3-layer tiny model, unrolled: its loop-free step compiled directly (the chunked loss
+  unrolled too) costs what the 1- and 2-layer programs predict for 3 layers; train/compile.py's
+  printout and JSON carry the figures."""
+  pytest.importorskip('libtpu', reason='the TPU compiler (requirements-tpu.txt) is not installed')
+  config = _tiny(3)
+  devices = topologies.topology_devices(TOPOLOGY)
+  output = tmp_path / 'figures.json'
+  assert compile_cli.run(config, TOPOLOGY, predict=True, output=str(output)) == 0
+  printed = capsys.readouterr().out
+  record = json.loads(output.read_text())
+  p = record['prediction']
+  assert p['label'] == step_cost.LABEL and p['while_loops'] == 0
+  s1, s2 = p['seconds']
+  assert 0 < s1 < s2
+  assert math.isclose(p['step_seconds'], (2 * s1 - s2) + 3 * (s2 - s1))  # hand scaling
+  assert math.isclose(p['budget_hours'], 1000 * p['step_seconds'] / 3600)
+  assert math.isclose(p['tokens_per_second_per_chip'], 8 * 32 / 4 / p['step_seconds'])
+  assert math.isclose(p['model_flops_per_chip'], record['steps'][0]['model_flops'])
+  assert 'predicted step (XLA TPU cost model estimate, not a measurement)' in printed
+  assert f'{p["budget_hours"]:.4g} hours on v5e:2x2' in printed
+  # the 3-layer step itself, made loop-free the same way, compiled once
+  with loop_unroll.unrolled():
+    direct = aot.compile_for_topology(step_cost.costing_config(config, 3), TOPOLOGY,
+                                              devices=devices).steps[0]
+  assert direct.while_loops == 0
+  assert math.isclose(p['step_seconds'], direct.optimal_seconds, rel_tol=0.05), (
+      p['step_seconds'], direct.optimal_seconds)
+  assert math.isclose(p['xla_flops_per_chip'], direct.flops, rel_tol=0.02)
+
+
+def test_pallas_forward_is_costed_on_tpu():
+  pytest.importorskip('libtpu', reason='the TPU compiler (requirements-tpu.txt) is not installed')
+  from bipe_jax.attention import pallas  # pylint: disable=g-import-not-at-top
+  device = topologies.topology_devices(TOPOLOGY)[0]
+  b, h, t, d = 1, 2, 256, 128
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+
+  def attend(q, k, v):
+    return pallas.pallas_attention(q, k, v, q_pos=pos, k_pos=pos, tile_bias=pallas.TileBias('none'),
+                                   bias_params_HxP=None, block_q=128, block_k=128,
+                                   interpret=False)
+
+  shape = jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16,
+                               sharding=jax.sharding.SingleDeviceSharding(device))
+  compiled = jax.jit(attend).trace(shape, shape, shape).lower(
+      lowering_platforms=('tpu',)).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  want = pallas_cost.forward_cost(b, h, t, t, d, 128, 128, True, 2)
+  assert cost['flops'] == want.flops  # 3 of the 4 tiles, 4 * 128 * 128 * 128 FLOPs each
+  assert cost['transcendentals'] == want.transcendentals
+  assert cost['optimal_seconds'] > 0
