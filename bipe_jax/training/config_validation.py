@@ -88,10 +88,6 @@ def validate_mesh(config, device_count: int) -> tuple[int, ...]:
            f'must be a multiple of the batch shards mesh.data*mesh.fsdp={shards} times '
            f'train.grad_accum_steps={accum} (= {shards * accum})')
   context = shape[mesh_lib.MESH_AXES.index(mesh_lib.CONTEXT_AXIS)]
-  if config.model.separators == 'official' and not config.data.get('tokenizer_path'):
-    raise ConfigError("model.separators='official' means ids (869, 13) of the Llama tokenizer: "
-                      'set data.tokenizer_path to its tokenizer.model (never downloaded), or '
-                      "use a rule (model.separators='auto') with the data's own tokenizer")
   seq_len = config.data.seq_len
   _require(isinstance(seq_len, int) and seq_len % context == 0, 'data.seq_len', seq_len,
            f'must be a multiple of mesh.context={context} (each context shard holds '
@@ -159,6 +155,10 @@ def validate_config(config, device_count: int) -> None:
   for name in ('model', 'data', 'train', 'checkpoint', 'mesh'):
     if name not in config:
       raise ConfigError(f'config has no section {name!r}; build configs from configs/base.py')
+  if config.model.separators == 'official' and not config.data.get('tokenizer_path'):
+    raise ConfigError("model.separators='official' means ids (869, 13) of the Llama tokenizer: "
+                      'set data.tokenizer_path to its tokenizer.model (never downloaded), or '
+                      "use a rule (model.separators='auto') with the data's own tokenizer")
   try:  # separator ids of a rule are resolved from the tokenizer later (resolve_model_config)
     model_config_lib.model_config_from_dict(config.model,
                                             require_separators=config.model.separators == 'ids',
