@@ -21,7 +21,8 @@ fcntl file lock (`<cache>/.lockfile`, the `filelock` package, pinned in requirem
 which `make test` installs) around every read and write, so a reader waits for the writer to
 finish (tests/test_compilation_cache_lock.py shows both behaviours). The suite sets JAX_COMPILATION_CACHE_MAX_SIZE (a limit
 far above what it writes: nothing is evicted) in the environment that the workers and every
-subprocess inherit, so all of them use the lock.
+subprocess inherit, so all of them use the lock. Since each store then lists the cache directory,
+only compiles of at least a second are stored (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1).
 """
 
 import atexit
@@ -45,7 +46,11 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get('PYTEST_
   _cache_dir = tempfile.mkdtemp(prefix='bipe_jax_test_xla_cache_')
   atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
   os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache_dir
-  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  # Only compiles of a second or more are stored: with a size limit, every store globs the
+  # whole cache directory (jax._src.lru_cache's eviction check), so caching the thousands of
+  # small programs that eager tests compile made the suite slower the longer it ran; the
+  # compiles worth sharing (models, training steps: seconds each at level 0) still are.
+  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '1'
 os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', CACHE_MAX_BYTES)
 
 # pylint: disable=wrong-import-position,unused-import
