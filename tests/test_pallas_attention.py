@@ -179,5 +179,5 @@ def test_model_with_pallas_equals_dense(name, extra):
 
 def test_config_refuses_the_encodings_the_kernel_does_not_cover():
   for name in ('fire', 'dape_kerple'):
-    with pytest.raises(ValueError, match="attention_impl.*computes only the ALiBi, Kerple, T5"):
+    with pytest.raises(ValueError, match="attention_impl.*compute only the ALiBi, Kerple, T5"):
       _model(name, 'pallas')

@@ -58,6 +58,8 @@ SHRINK = {  # script -> flags appended to the README's command
     'eval/passkey.py': ('--lengths=64,128', '--depths=0,1', '--trials=2'),
     'eval/scrolls.py': ('--max_examples=2', '--max_new_tokens=4'),
     '-m': (),  # python -m bipe_jax.convert
+    'eval/che_sweep.py': ('--tasks=parity_check', '--encodings=rope', '--seeds=0', '--steps=2',
+                          '--batch_size=4', '--eval_lengths=41', '--eval_samples=2'),
     'train/compile.py': (*SMALL_MODEL, '--config.model.vocab_size=512',
                          '--config.data.seq_len=128', '--config.train.batch_size=16'),
 }

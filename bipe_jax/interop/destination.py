@@ -10,7 +10,8 @@ an acceptable destination.
 from __future__ import annotations
 
 import os
-import shutil
+
+from bipe_jax.runs import workdir_io
 
 
 def check_destination(dst: str, src: str, *, overwrite: bool = False) -> None:
@@ -19,26 +20,24 @@ def check_destination(dst: str, src: str, *, overwrite: bool = False) -> None:
   Accepted: a path that does not exist, an empty directory, or (with `overwrite`) any
   directory that is neither the source nor one of its parents.
   """
-  if os.path.exists(dst) and not os.path.isdir(dst):
+  if workdir_io.exists(dst) and not workdir_io.isdir(dst):
     raise ValueError(f'--to {dst!r} is a file, not a directory')
-  real_dst, real_src = os.path.realpath(dst), os.path.realpath(src)
+  real_dst, real_src = (p if not workdir_io.is_local(p) else os.path.realpath(p)
+                        for p in (dst, src))
   if real_dst == real_src or real_src.startswith(real_dst.rstrip(os.sep) + os.sep):
     raise ValueError(f'--to {dst!r} is the source {src!r} (or holds it): convert into a new '
                      'directory')
-  if os.path.isdir(dst) and os.listdir(dst) and not overwrite:
-    names = sorted(os.listdir(dst))
+  if workdir_io.isdir(dst) and workdir_io.listdir(dst) and not overwrite:
+    names = sorted(workdir_io.listdir(dst))
     held = ', '.join(names[:4]) + (' ...' if len(names) > 4 else '')
     raise ValueError(f'--to {dst!r} already exists and is not empty (it holds {held}): give a '
                      'new or empty directory, or --overwrite to replace its contents')
 
 
 def clear_destination(dst: str) -> None:
-  """Removes everything inside `dst` (kept as an empty directory); creates it if missing."""
-  if os.path.isdir(dst):
-    for name in os.listdir(dst):
-      path = os.path.join(dst, name)
-      if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-      else:
-        os.remove(path)
-  os.makedirs(dst, exist_ok=True)
+  """Removes everything inside `dst` (kept as an empty directory); creates it if missing. A
+  local folder or gs://... alike (bipe_jax.runs.workdir_io)."""
+  if workdir_io.isdir(dst):
+    for name in workdir_io.listdir(dst):
+      workdir_io.remove(workdir_io.join(dst, name))
+  workdir_io.makedirs(dst)

@@ -123,6 +123,14 @@ def rmtree(path) -> None:
   epath.Path(path).rmtree()
 
 
+def remove(path) -> None:
+  """Removes the file or folder (with its contents) `path`."""
+  if isdir(path):
+    rmtree(path)
+  else:
+    epath.Path(path).unlink()
+
+
 def move(source, destination) -> None:
   """Moves a file or a folder (on an object store: copies its objects, then deletes them)."""
   epath.Path(source).rename(destination)
