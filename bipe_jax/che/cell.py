@@ -9,6 +9,7 @@ import time
 from typing import Callable, Optional
 
 from bipe_jax import model as model_lib
+from bipe_jax import schemes
 from bipe_jax.che import batches as batches_lib
 from bipe_jax.che import model as che_model
 from bipe_jax.che import scoring
@@ -26,7 +27,7 @@ class EvalPlan:
 
 def segmentation_of(encoding: str, segmentation: str) -> str:
   """What the result reports: the segmentation for bipe_* encodings, 'n/a' otherwise."""
-  return segmentation if encoding.startswith('bipe') else 'n/a'
+  return segmentation if schemes.get_scheme(encoding).bilevel else 'n/a'
 
 
 def run_cell(task_name: str, encoding: str, seed: int, budget: training.Budget, plan: EvalPlan,
