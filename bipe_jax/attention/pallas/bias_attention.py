@@ -27,13 +27,15 @@ TPU_BLOCK = 128  # key tiles are lane-major on TPU: a multiple of 128 (or the wh
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
+class KernelStatics:
+  """The static settings of one kernel call, and the lowering chosen per platform (shared by the
+  TPU kernels here and the GPU ones, gpu_attention.py)."""
   tile_bias: TileBias
   scale: float
   causal: bool
   block_q: int
   block_k: int
-  interpret: Optional[bool]  # None: interpret on CPU, Mosaic elsewhere
+  interpret: Optional[bool]  # None: interpret on CPU, the compiled kernel elsewhere
 
   def run(self, kernel_fn, *args):
     """kernel_fn(*args, interpret=...) in the mode of the platform the program is lowered for."""
@@ -147,7 +149,7 @@ def _run_on_shard(a: dict, *, tile_bias, causal, scale, block_q, block_k, interp
                            tk)
   q_max, k_min = layout.block_ranges(q_info, k_info, bq, bk)
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-  static = _Static(tile_bias, scale, causal, bq, bk, interpret)
+  static = KernelStatics(tile_bias, scale, causal, bq, bk, interpret)
   c_q, c_k = a.get('c_q'), a.get('c_k')
   if c_q is not None:
     c_q, c_k = layout.pad_to(c_q, 3, tq, 0.0), layout.pad_to(c_k, 3, tk, 0.0)

@@ -13,7 +13,6 @@ a CPU host still gets Triton). Triton needs power-of-two tiles (>= 16), head dim
 count; the tiles here are powers of two, and a shorter sequence is padded to one tile.
 """
 
-import dataclasses
 import functools
 import math
 from typing import Optional
@@ -25,30 +24,11 @@ from bipe_jax.attention.pallas import gpu_backward as bwd
 from bipe_jax.attention.pallas import gpu_forward as fwd
 from bipe_jax.attention.pallas import layout
 from bipe_jax.attention.pallas import sharding
+from bipe_jax.attention.pallas.bias_attention import KernelStatics
 from bipe_jax.attention.pallas.tile_bias import TileBias
 
 GPU_BLOCK = 64
 MIN_TRITON_BLOCK = 16
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-  tile_bias: TileBias
-  scale: float
-  causal: bool
-  block_q: int
-  block_k: int
-  interpret: Optional[bool]  # None: interpret on CPU, Triton elsewhere
-
-  def run(self, kernel_fn, *args):
-    """kernel_fn(*args, interpret=...) in the mode of the platform the program is lowered for."""
-    kw = dict(tile_bias=self.tile_bias, scale=self.scale, causal=self.causal,
-              block_q=self.block_q, block_k=self.block_k)
-    if self.interpret is not None:
-      return kernel_fn(*args, interpret=self.interpret, **kw)
-    return jax.lax.platform_dependent(
-        *args, cpu=functools.partial(kernel_fn, interpret=True, **kw),
-        default=functools.partial(kernel_fn, interpret=False, **kw))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -134,7 +114,7 @@ def _run_on_shard(a: dict, *, tile_bias, causal, scale, block_q, block_k, interp
   k_info = layout.key_info(a['k_pos'], a['k_streams'], a.get('k_document'), a.get('k_valid'),
                            tk)
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-  static = _Static(tile_bias, scale, causal, bq, bk, interpret)
+  static = KernelStatics(tile_bias, scale, causal, bq, bk, interpret)
   out = _attend(static, layout.pad_to(q, 2, tq, 0), layout.pad_to(k, 2, tk, 0),
                 layout.pad_to(v, 2, tk, 0), a['params'], q_info, k_info)
   return out[:, :, :nq]
