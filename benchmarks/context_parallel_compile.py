@@ -19,17 +19,12 @@ import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.experimental import topologies
 
-from bipe_jax import config as config_lib
-from bipe_jax import platform_choices
 from bipe_jax import model as model_lib
-from bipe_jax.training import config_validation
 from bipe_jax.state import mesh as mesh_lib
-from bipe_jax.state import optimizer
-from bipe_jax.state import train_state
-from bipe_jax.training import train_step
+from bipe_jax.training import resolve
+from bipe_jax.training import setup as setup_lib
 
 GIB = 1024 ** 3
 # libtpu locks /tmp/libtpu_lockfile for the chips it would own; compiling owns none, and other
@@ -45,24 +40,19 @@ def compile_step(args) -> dict:
   m.separators, m.separator_ids = 'ids', (13,)  # any id: positions are computed in the step
   config.data.seq_len = args.seq_len
   config.train.batch_size = args.batch
-  config_validation.derive_fields(config)
-  model = model_lib.Transformer(config_lib.model_config_from_dict(config.model))
+  config.train.grad_accum_steps, config.train.loss_chunk_tokens = 1, 0  # the plain logits
+  config.mesh.data, config.mesh.fsdp, config.mesh.context, config.mesh.tensor = (
+      -1, 1, args.context, 1)
   devices = topologies.get_topology_desc(platform='tpu', topology_name=args.topology).devices
-  sizes = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'context': args.context,
-                                     'tensor': 1})
-  mesh = mesh_lib.make_mesh(sizes, devices=devices)
-  model = platform_choices.model_for_mesh(model, mesh)  # 'auto' kernels: the TPU's portable path
-  tx = optimizer.make_optimizer(config.train)
-  schedule = optimizer.learning_rate_schedule(config.train)
-  abstract, shardings = train_state.state_shardings(model, tx, mesh, args.seq_len)
-  state = train_state.abstract_with_shardings(abstract, shardings)
+  resolved = resolve.resolve(config, device_count=len(devices))
+  # 'auto' kernels resolve for the mesh: the TPU's portable path
+  setup = setup_lib.build(resolved, mesh_lib.make_mesh(resolved.mesh, devices=devices))
+  mesh, model = setup.mesh, setup.model
   batch = {'tokens': jax.ShapeDtypeStruct((args.batch, args.seq_len), jnp.int32,
                                           sharding=mesh_lib.batch_sharding(mesh))}
-  step = train_step.make_train_step(model, tx, schedule, mesh, shardings,
-                                    loss_chunk_tokens=0)
   start = time.time()
-  with train_state.mesh_context(mesh):
-    compiled = step.lower(state, batch).compile()
+  with setup.context():
+    compiled = setup.step_fn.lower(setup.target(), batch).compile()
   mem = compiled.memory_analysis()
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
            + mem.temp_size_in_bytes + mem.generated_code_size_in_bytes)

@@ -52,33 +52,22 @@ def compile_train_step(preset: str, impl: str, length: int, topology: str,
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from benchmarks import jax_step  # pylint: disable=g-import-not-at-top
-  from bipe_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
   from bipe_jax.state import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bipe_jax.state import optimizer  # pylint: disable=g-import-not-at-top
-  from bipe_jax.state import train_state  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import train_step  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import resolve  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import setup as setup_lib  # pylint: disable=g-import-not-at-top
 
   devices = _devices(topology)
   config = jax_step.load_config(preset, {
       'model.attention_impl': impl, 'model.scan_layers': True, 'model.remat': remat,
       'data.seq_len': length,
       'train.batch_size': per_chip_batch * len(devices)})
-  config_validation.derive_fields(config)
-  model = model_lib.Transformer(config_lib.model_config_from_dict(config.model))
-  tx = optimizer.make_optimizer(config.train)
-  schedule = optimizer.learning_rate_schedule(config.train)
-  mesh = mesh_lib.make_mesh(config.mesh, devices=devices)
-  abstract_state, shardings = train_state.state_shardings(model, tx, mesh, length)
-  step = train_step.make_train_step(model, tx, schedule, mesh, shardings,
-                                    loss_chunk_tokens=config.train.loss_chunk_tokens)
-  batch = {'tokens': jax.ShapeDtypeStruct((config.train.batch_size, length), jnp.int32,
-                                          sharding=mesh_lib.batch_sharding(mesh))}
+  resolved = resolve.resolve(config, device_count=len(devices))
+  setup = setup_lib.build(resolved, mesh_lib.make_mesh(resolved.mesh, devices=devices))
+  batch = {'tokens': jax.ShapeDtypeStruct((resolved.train.batch_size, length), jnp.int32,
+                                          sharding=mesh_lib.batch_sharding(setup.mesh))}
   t0 = time.time()
-  with train_state.mesh_context(mesh):
-    compiled = step.lower(train_state.abstract_with_shardings(abstract_state, shardings),
-                          batch).compile()
+  with setup.context():
+    compiled = setup.step_fn.lower(setup.target(), batch).compile()
   return _figures(compiled, t0)
 
 

@@ -5,12 +5,11 @@
 
 A ModelConfig checks every field when it is constructed (`validate_model_config`) and raises
 ValueError naming the field. A config whose separator ids or inter-stream original length are
-resolved later, at training start, is built with `model_config_from_dict(...,
-require_separators=False, inter_length_later=True)`.
+resolved later, at training start, says so explicitly when it is built:
+`ModelConfig(..., require_separators=False, inter_length_later=True)` (construction options,
+not fields: `dataclasses.fields` and the recorded config do not hold them).
 """
 
-import contextlib
-import contextvars
 import dataclasses
 from typing import Any, Mapping, Tuple
 
@@ -104,12 +103,18 @@ class ModelConfig:
   # exp(tolerance) (official log_pruning_tolerance, recommended -10); 0 = off.
   fox_log_pruning_tolerance: float = 0.0
   cope_npos: int = 0  # CoPE's position vectors (official: block size + 1); 0 = max_position + 1
+  # Construction options of the checks (validate_model_config), not fields: False / True accept
+  # a config whose separator ids / inter-stream original length are resolved later. (Read on
+  # an instance they give these class defaults; dataclasses.replace checks with the defaults.)
+  require_separators: dataclasses.InitVar[bool] = True
+  inter_length_later: dataclasses.InitVar[bool] = False
 
-  def __post_init__(self):
+  def __post_init__(self, require_separators: bool, inter_length_later: bool):
     for field in ('separator_ids', 'paragraph_ids'):
       if isinstance(getattr(self, field), (list, tuple)):
         object.__setattr__(self, field, tuple(getattr(self, field)))
-    validate_model_config(self, **_CHECKS.get())
+    validate_model_config(self, require_separators=require_separators,
+                          inter_length_later=inter_length_later)
 
   # Derived values (no new fields, so the dataclass mirrors the config exactly).
   @property
@@ -147,20 +152,6 @@ class ModelConfig:
   @property
   def slope_factor(self) -> float:
     return self.alibi_slope_factor or self.scheme.alibi_slope_factor
-
-
-# Options of validate_model_config for the ModelConfigs constructed in `_checks(...)` (only
-# model_config_from_dict relaxes them); outside, a ModelConfig is checked with the defaults.
-_CHECKS: contextvars.ContextVar[dict] = contextvars.ContextVar('model_config_checks', default={})
-
-
-@contextlib.contextmanager
-def _checks(**options):
-  token = _CHECKS.set(options)
-  try:
-    yield
-  finally:
-    _CHECKS.reset(token)
 
 
 def default_fields() -> dict[str, Any]:
@@ -217,7 +208,7 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
       raise _err(field, value, 'must be an integer >= 0 (0 = data.seq_len, derived at start)')
   derive = ('is 0 (= data.seq_len) but was not derived: set it, or build the config through '
-            'bipe_jax.training.config_validation.derive_fields')
+            'bipe_jax.training.resolve.resolve')
   if cfg.train_length == 0 and (cfg.rope_log_scale or cfg.scheme.bias == 'fire'):
     raise _err('train_length', 0, derive)
   # For inter-stream rotary the original length is in segments, resolved at training start from
@@ -260,7 +251,7 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
     raise _err('separator_ids', cfg.separator_ids,
                f'is empty, so every token of a {cfg.position_encoding} model would be in segment '
                f'0: resolve model.separators={cfg.separators!r} from the tokenizer '
-               f'(bipe_jax.training.config_validation.resolve_model_config) or give the ids')
+               f'(bipe_jax.training.resolve.resolve) or give the ids')
   for field in ('bos_id', 'eos_id', 'pad_id'):
     value = getattr(cfg, field)
     if not -1 <= value < cfg.vocab_size:
@@ -327,5 +318,5 @@ def model_config_from_dict(model: Mapping[str, Any], *,
                                                    else paragraph))
   if values.get('separators') == 'official' and not values['separator_ids']:
     values['separator_ids'] = OFFICIAL_SEPARATOR_IDS
-  with _checks(require_separators=require_separators, inter_length_later=inter_length_later):
-    return ModelConfig(**values)
+  return ModelConfig(**values, require_separators=require_separators,
+                     inter_length_later=inter_length_later)

@@ -9,13 +9,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bipe_jax import config as model_config_lib
 from bipe_jax import data
 from bipe_jax import model as model_lib
 from bipe_jax.evaluation import arithmetic_accuracy as acc
 from bipe_jax.tasks import arithmetic as A
 from bipe_jax.tasks import modular_expressions as E
-from bipe_jax.training import config_validation
+from bipe_jax.training import resolve as resolve_lib
 from configs import arithmetic_tiny
 
 # A hand-checked problem mod 11: 10-4 = 6, 6/2 = 3 (2*3 = 6), 3*3 = 9.
@@ -247,8 +246,8 @@ def _small_model(encoding='bipe_rope'):
   m = config.model
   m.hidden_size, m.num_layers, m.num_heads, m.ffn_size = 32, 1, 2, 64
   m.attention_impl = 'dense'
-  config_validation.resolve_model_config(config, data.get_tokenizer(config.data))
-  return model_lib.Transformer(model_config_lib.model_config_from_dict(config.model))
+  return model_lib.Transformer(resolve_lib.resolve(
+      config, device_count=1, tokenizer=data.get_tokenizer(config.data)).model)
 
 
 def test_bilevel_positions_of_a_packed_row_by_hand():

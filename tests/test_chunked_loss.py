@@ -180,11 +180,11 @@ def test_a_model_that_only_returns_logits_gets_the_plain_loss():
 
 
 def test_config_rejects_a_negative_chunk():
-  from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_config  # pylint: disable=g-import-not-at-top
   t = base.get_base_config().train
   assert t.loss_chunk_tokens > 0  # on by default
   t.loss_chunk_tokens = -1
-  with pytest.raises(config_validation.ConfigError, match='train.loss_chunk_tokens=-1'):
-    config_validation.validate_train(t)
+  with pytest.raises(run_config.ConfigError, match='train.loss_chunk_tokens=-1'):
+    run_config.section_from_dict('train', t)
   t.loss_chunk_tokens = 0
-  config_validation.validate_train(t)
+  assert run_config.section_from_dict('train', t).loss_chunk_tokens == 0

@@ -38,8 +38,8 @@ def test_the_newest_checkpoint_s_shard_count_is_read(tmp_path):
 def test_one_process_adopts_the_two_shards_of_a_two_process_run(tmp_path):
   ckpt = _checkpoint(tmp_path, 4, 2, 2)
   config = _config()
-  count, line = data_shards.resolve_data_shards(config, 1, ckpt)
-  assert count == 2 and config.train.data_shards == 2  # recorded in the run's config
+  count, line = data_shards.resolve_data_shards(config.train, 1, ckpt)
+  assert count == 2 and config.train.data_shards == 0  # not edited: the trainer records it
   assert line.startswith("train.data_shards=2: the checkpoint's data state has 2 logical data "
                          'shards; 1 data-loading process each load 2')
   assert '\n' not in line
@@ -53,9 +53,9 @@ def test_one_process_adopts_the_two_shards_of_a_two_process_run(tmp_path):
 def test_nothing_is_adopted_otherwise(tmp_path, processes, explicit, batch, expected):
   ckpt = _checkpoint(tmp_path, 4, 2, 2)
   config = _config(explicit, batch)
-  count, line = data_shards.resolve_data_shards(config, processes, ckpt)
+  count, line = data_shards.resolve_data_shards(config.train, processes, ckpt)
   assert (count, line) == (expected, None)
 
 
 def test_a_fresh_run_keeps_one_shard_per_process(tmp_path):
-  assert data_shards.resolve_data_shards(_config(), 2, str(tmp_path)) == (2, None)
+  assert data_shards.resolve_data_shards(_config().train, 2, str(tmp_path)) == (2, None)

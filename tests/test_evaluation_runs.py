@@ -24,7 +24,7 @@ from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.runs import restore as runs_lib
 from bipe_jax.evaluation import sweep
 from bipe_jax.state import checkpointing
-from bipe_jax.training import config_validation
+from bipe_jax.training import resolve as resolve_lib
 from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.state import train_state as train_state_lib
@@ -44,8 +44,8 @@ def _config(encoding):
   config.data.arithmetic_train_max_ops = 2  # short problems: quick greedy decoding
   config.data.arithmetic_eval_max_ops = 3
   config.mesh.data = 1
-  config_validation.resolve_model_config(config, data.get_tokenizer(config.data))
-  return config
+  return resolve_lib.resolve(config, device_count=1,
+                             tokenizer=data.get_tokenizer(config.data)).to_config_dict()
 
 
 def _write_workdir(workdir, encoding, steps=(3,)):

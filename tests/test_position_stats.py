@@ -46,26 +46,17 @@ def test_resolution_order(tmp_path):
   position_stats.write(source, {'max_inter': 9, 'length': 128})
   own = {'max_inter': 4, 'length': 256}
 
-  def fresh(init_from=''):
-    config = base.get_base_config()
-    config.model.position_encoding, config.model.rope_scaling = 'bipe_rope', 'yarn'
-    config.train.init_from = init_from
-    return config
-
-  config = fresh()
-  assert position_stats.resolve_inter_original_length(config, workdir, lambda: own).startswith(
-      "5 segments (max inter position 4 + 1 of this run's")
-  assert config.model.rope_original_length == 5
-  config = fresh(f'{source}@40')
-  assert '10 segments' in position_stats.resolve_inter_original_length(config, workdir,
-                                                                       lambda: own)
-  assert config.model.rope_original_length == 10
+  length, source_line = position_stats.inter_original_length(workdir, '', lambda: own)
+  assert (length, source_line.startswith("5 segments (max inter position 4 + 1 of this run's")
+          ) == (5, True)
+  length, source_line = position_stats.inter_original_length(workdir, f'{source}@40',
+                                                             lambda: own)
+  assert length == 10 and '10 segments' in source_line
   os.makedirs(workdir)
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
     json.dump({'model': {'rope_original_length': 7}}, f)
-  config = fresh(source)
-  assert position_stats.resolve_inter_original_length(config, workdir, lambda: own).startswith(
-      '7 (recorded in')
+  length, source_line = position_stats.inter_original_length(workdir, source, lambda: own)
+  assert length == 7 and source_line.startswith('7 (recorded in')
 
 
 def test_yarn_in_segment_units_keeps_the_fast_dimensions():

@@ -1,7 +1,7 @@
 """The README's commands fit together as written, in whatever order the README has them.
 
 Every `train/main.py` command of the README's ```bash blocks is resolved as the CLI resolves it
-(config file + --config.* overrides through ml_collections, derived fields, validation), and a
+(config file + --config.* overrides through ml_collections, then training/resolve.py), and a
 fine-tune (`train.init_from`) is checked against the README command that made its source with
 the CLI's own check (`init_from.check_source`: same encoding, same separators rule), without
 training anything: each command's workdir gets the config.json the run would record (stand-in
@@ -19,7 +19,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from bipe_jax.training import config_validation
+from bipe_jax.training import resolve as resolve_lib
 from bipe_jax.training import init_from
 from bipe_jax.runs import run_record
 
@@ -60,11 +60,11 @@ def resolve(argv: list):
   config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=['prog', *argv],
                                   lock_config=True)
   flag_values(['prog', *[a for a in argv if a.startswith('--config')]], known_only=True)
-  config = flag_values.config.copy_and_resolve_references()
-  config_validation.derive_fields(config)
+  config = flag_values.config
   devices = next((int(a.split('=')[1]) for a in argv if a.startswith('--cpu_devices=')), 1)
-  config_validation.validate_config(config, devices)
-  return config
+  resolved = resolve_lib.resolve(config, device_count=devices, init_source_seq_len=(
+      init_from.source_seq_len(config.train.init_from)))
+  return resolved.to_config_dict()
 
 
 def check_in_order(runs: dict) -> list:

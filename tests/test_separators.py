@@ -9,6 +9,7 @@ import pytest
 from bipe_jax.data import preparation
 from bipe_jax.data import tokenizer as tokenizer_lib
 from bipe_jax.training import config_validation
+from bipe_jax.training import resolve as resolve_lib
 from configs import base
 
 from tests.fixtures import ROOT, cli_args, cli_env
@@ -76,27 +77,36 @@ def toy_config(**model):
   return c
 
 
+def _resolve(config, **facts):
+  return resolve_lib.resolve(config, device_count=1, **facts)
+
+
 def test_resolution_follows_the_dataset_kind_and_checks_bos_eos(tmp_path):
   c = toy_config()
-  assert config_validation.resolve_model_config(c, ToyTokenizer()).separator_ids == (5, 6)
-  assert c.model.separator_ids == (5, 6)  # written back: the run records the resolved ids
+  resolved = _resolve(c, tokenizer=ToyTokenizer())
+  assert resolved.model.separator_ids == (5, 6)
+  assert resolved.to_config_dict().model.separator_ids == (5, 6)  # the run records the ids
+  assert c.model.separator_ids == ()  # the config itself is not edited
   (tmp_path / 'a.py').write_text('x\n')
   c = toy_config()
   c.data.dataset, c.data.text_dir = 'text_folder', str(tmp_path)
-  assert config_validation.resolve_model_config(c, ToyTokenizer()).separator_ids == (6,)
+  assert _resolve(c, tokenizer=ToyTokenizer()).model.separator_ids == (6,)
   with pytest.raises(config_validation.ConfigError, match=r'model.bos_id=3 does not match the '
                                                           r'tokenizer toy.model \(bos_id 1\)'):
-    config_validation.resolve_model_config(toy_config(bos_id=3), ToyTokenizer())
+    _resolve(toy_config(bos_id=3), tokenizer=ToyTokenizer())
   with pytest.raises(config_validation.ConfigError, match='model.eos_id=-1'):
-    config_validation.resolve_model_config(toy_config(eos_id=-1), ToyTokenizer())
+    _resolve(toy_config(eos_id=-1), tokenizer=ToyTokenizer())
 
 
 def test_derived_lengths_follow_seq_len_unless_set():
   c = base.get_base_config()
   c.data.seq_len = 64
   c.model.rope_original_length = 512
-  config_validation.derive_fields(c)
-  assert (c.model.train_length, c.model.rope_original_length) == (64, 512)
+  model = _resolve(c).model  # separators resolved later: not needed for the lengths
+  assert (model.train_length, model.rope_original_length) == (64, 512)
+  c.model.rope_original_length = 0  # a fine-tune's: its source's data.seq_len
+  model = _resolve(c, init_source_seq_len=32).model
+  assert (model.train_length, model.rope_original_length) == (64, 32)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from bipe_jax.state import checkpointing
 from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.state import train_state as train_state_lib
+from bipe_jax.training import resolve as resolve_lib
 from bipe_jax.training import setup as setup_lib
 from configs import tiny
 
@@ -32,8 +33,8 @@ def tiny_config():
 
 @pytest.fixture(scope='module')
 def setup():
-  mesh = mesh_lib.make_mesh(tiny_config().mesh, devices=jax.devices()[:1])
-  return setup_lib.build(tiny_config(), mesh)
+  resolved = resolve_lib.resolve(tiny_config(), device_count=1)
+  return setup_lib.build(resolved, mesh_lib.make_mesh(resolved.mesh, devices=jax.devices()[:1]))
 
 
 def _tokens(seed: int):
@@ -51,7 +52,7 @@ def trained(setup, tmp_path_factory):
       state, scalars = setup.step_fn(state, _tokens(step))
       losses.append(float(scalars['loss']))
   workdir = str(tmp_path_factory.mktemp('run'))
-  run_record.write_config(workdir, setup.config)
+  run_record.write_config(workdir, setup.config.to_config_dict())
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, 'checkpoints'), async_save=False)
   ckpt.save(2, state, {'position': 2}, force=True)
   ckpt.close()

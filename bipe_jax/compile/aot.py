@@ -15,14 +15,12 @@ With `eval_lengths`, the evaluation forward (summed next-token NLL of a [B, L] b
 computation of evaluation/perplexity.py) is compiled too, at each length.
 """
 
-import contextlib
 import time
 from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from bipe_jax import config as model_config_lib
 from bipe_jax.compile import gpu_lowering
 from bipe_jax.compile import gpu_targets
 from bipe_jax.compile import hlo_stats
@@ -32,10 +30,10 @@ from bipe_jax.compile.report import StepFigures
 from bipe_jax.compile.topologies import CompileError
 from bipe_jax.compile.topologies import hbm_bytes
 from bipe_jax.compile.topologies import stderr_to_file
-from bipe_jax.runs import position_stats
 from bipe_jax.state import mesh as mesh_lib
-from bipe_jax.training import config_validation
 from bipe_jax.training import flops as flops_lib
+from bipe_jax.training import init_from
+from bipe_jax.training import resolve as resolve_lib
 from bipe_jax.training import setup as setup_lib
 from bipe_jax.training import train_step
 
@@ -53,19 +51,6 @@ def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFig
       collectives=hlo_stats.count_collectives(text), compile_seconds=seconds,
       optimal_seconds=hlo_stats.optimal_seconds(cost, text),
       while_loops=hlo_stats.count_while_loops(text))
-
-
-def placeholder_separators(config) -> None:
-  """Fills what training resolves from the data, which the compiled program does not depend on
-  beyond constants: separator ids (a lookup table's values) and an inter-stream RoPE original
-  length (a scale)."""
-  m = config.model
-  with config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext():
-    if not tuple(m.get('separator_ids', ())):
-      m.separators = 'ids'
-      m.separator_ids = (min(13, int(m.vocab_size) - 1),)
-    if position_stats.needs_inter_original_length(m):
-      m.rope_original_length = max(1, int(config.data.seq_len) // 16)
 
 
 def _compile(fn, args, name: str, model_flops: float, keep_text: bool = False,
@@ -114,32 +99,34 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   `lowering_platform` ('cuda'): lower for that platform over `devices` (the host's) instead of
   compiling; the steps then carry `lowered_summary` and no byte figures (gpu_lowering.py).
 
-  `config`: an ml_collections config as `train/main.py` takes (configs/base.py sections); the
-  mesh section is resolved over the topology's devices. `devices` overrides the topology (any
+  `config`: an ml_collections config as `train/main.py` takes (configs/base.py sections),
+  resolved by `resolve` over the topology's devices (not edited). `devices` overrides the topology (any
   devices: tests pass CPU ones). Raises CompileError or config_validation.ConfigError (one line).
   """
 
   if devices is None:
     devices = topologies.platform_devices(platform, topology, num_slices)
-  config = config.copy_and_resolve_references()
-  placeholder_separators(config)
-  config_validation.derive_fields(config)
-  config_validation.validate_config(config, len(devices))
-  try:
-    model_config = model_config_lib.model_config_from_dict(config.model)
-  except ValueError as e:
-    raise config_validation.ConfigError(str(e)) from None
+  resolved = resolve(config, len(devices))
   # model.kernels='auto' resolves by the mesh's devices: the portable path for a TPU topology
   try:
-    mesh = _mesh(config.mesh, devices, num_slices)
+    mesh = _mesh(resolved.mesh, devices, num_slices)
   except AssertionError as e:  # jax's mesh_utils asserts on device layouts it cannot tile
     raise CompileError(f'--topology={topology}: no device mesh can be laid over its '
                        f'{len(devices)} devices ({" ".join(str(e).split())}); name the slice '
                        'as its chips in 3-D, e.g. v4:2x2x1, v5p:2x2x1') from None
-  setup = setup_lib.build(config, mesh, model_config=model_config)
+  setup = setup_lib.build(resolved, mesh)
   return compile_setup(setup, topology, num_slices=num_slices, eval_lengths=eval_lengths,
                        eval_batch_size=eval_batch_size, keep_text=keep_text,
                        lowering_platform=lowering_platform)
+
+
+def resolve(config, device_count: int):
+  """The RunConfig a compile builds (training/resolve.py): what training resolves from the data
+  (separator ids, an inter-stream RoPE original length), which the compiled program depends on
+  only as constants, filled with placeholders. ConfigError (one line)."""
+  early = resolve_lib.resolve(config, device_count=device_count, placeholders=True)
+  return resolve_lib.resolve(config, device_count=device_count, placeholders=True,
+                             init_source_seq_len=init_from.source_seq_len(early.train.init_from))
 
 
 def compile_setup(setup: setup_lib.Setup, topology: str, *, num_slices: int = 1,
@@ -149,7 +136,7 @@ def compile_setup(setup: setup_lib.Setup, topology: str, *, num_slices: int = 1,
   """Compiles (or with `lowering_platform`, lowers) the step of `setup` (training/setup.py, on
   the mesh of the devices to compile for) and the evaluation forward at `eval_lengths`;
   `topology` names them in the report."""
-  config, mesh, t = setup.config, setup.mesh, setup.config.train
+  config, mesh, t = setup.config, setup.mesh, setup.config.train  # a RunConfig
   devices = list(mesh.devices.flat)
   state_args = setup.target()
   tokens = jax.ShapeDtypeStruct((t.batch_size, setup.seq_len), jnp.int32,
@@ -162,7 +149,7 @@ def compile_setup(setup: setup_lib.Setup, topology: str, *, num_slices: int = 1,
                           train_flops, keep_text, lowering_platform))
     for length in eval_lengths:
       steps.append(_compile_eval(setup.model, mesh, state_args.params, length,
-                                 eval_batch_size or t.batch_size, int(config.model.pad_id),
+                                 eval_batch_size or t.batch_size, config.model.pad_id,
                                  lowering_platform))
   device = devices[0]
   abstract, shardings = setup.abstract, setup.shardings

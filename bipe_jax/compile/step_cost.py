@@ -28,7 +28,6 @@ through the `pl.CostEstimate` its pallas_call gives (bipe_jax/attention/pallas/)
 import contextlib
 import dataclasses
 
-from bipe_jax import config as model_config_lib
 from bipe_jax.compile import aot
 from bipe_jax.training import flops as flops_lib
 from bipe_jax.training import loop_unroll
@@ -147,7 +146,8 @@ def predict(config, topology: str, devices: list, *, num_slices: int = 1) -> Ste
     loops += step.while_loops
   t, m = config.train, config.model
   tokens = int(t.batch_size) * int(config.data.seq_len)
-  model_flops = (flops_lib.train_flops_per_token(_model_config(config), int(config.data.seq_len))
+  model_config = aot.resolve(config, len(devices)).model
+  model_flops = (flops_lib.train_flops_per_token(model_config, int(config.data.seq_len))
                  * tokens / len(devices))
   peak, _ = flops_lib.peak_flops_per_device(report.device_kind, 'tpu', m.dtype,
                                             float(t.get('peak_flops_per_device', 0.0)))
@@ -157,12 +157,6 @@ def predict(config, topology: str, devices: list, *, num_slices: int = 1) -> Ste
       seconds=tuple(seconds), flops=tuple(xla_flops), while_loops=loops,
       tokens_per_step=tokens, model_flops_per_chip=model_flops, peak_flops=peak,
       train_steps=int(t.steps))
-
-
-def _model_config(config):
-  c = config.copy_and_resolve_references()
-  aot.placeholder_separators(c)
-  return model_config_lib.model_config_from_dict(c.model, inter_length_later=True)
 
 
 def format_prediction(p: StepPrediction) -> str:

@@ -10,7 +10,7 @@ iterator, so the run's own data order is untouched) and writes them to
 row, at data.seq_len).
 
 `model.rope_original_length` = 0 for a scheme that rotates by the inter stream, with a RoPE
-scaling, is resolved once at start (`resolve_inter_original_length`), in this order:
+scaling, is resolved once at start (`inter_original_length`), in this order:
   1. the value recorded in the workdir's config.json (a resumed run);
   2. the `position_stats.json` of the `train.init_from` workdir (fine-tuning: the source's
      training is what the scaling extends): its max + 1;
@@ -75,26 +75,25 @@ def needs_inter_original_length(model_fields) -> bool:
           and int(model_fields['rope_original_length']) == 0)
 
 
-def resolve_inter_original_length(config, workdir: str, own_stats) -> str:
-  """Sets config.model.rope_original_length (see the module docstring); returns where it came
-  from. `own_stats`: a callable returning this run's own stats (called only when needed)."""
+def inter_original_length(workdir: str, init_from: str, own_stats) -> tuple[int, str]:
+  """(an inter-stream rotary scaling's original length, in segments; where it came from), in
+  the order of the module docstring. `own_stats`: a callable returning this run's own stats
+  (called only when needed). Reads files; edits nothing (the caller passes the length to
+  bipe_jax.training.resolve.resolve)."""
   saved = os.path.join(workdir, 'config.json')
   record = run_record.read_json(saved)
   if record is not None:
     recorded = int(record.get('model', {}).get('rope_original_length', 0))
     if recorded:
-      config.model.rope_original_length = recorded
-      return f'{recorded} (recorded in {saved})'
-  spec = config.train.init_from
-  if spec:
-    source, _ = restore.parse_source(spec)
+      return recorded, f'{recorded} (recorded in {saved})'
+  if init_from:
+    source, _ = restore.parse_source(init_from)
     stats = read(source)
     if stats is not None:
-      config.model.rope_original_length = int(stats['max_inter']) + 1
-      return (f'{config.model.rope_original_length} segments (max inter position '
-              f'{stats["max_inter"]} + 1 of the training rows of {source}, length '
-              f'{stats["length"]})')
+      length = int(stats['max_inter']) + 1
+      return length, (f'{length} segments (max inter position {stats["max_inter"]} + 1 of the '
+                      f'training rows of {source}, length {stats["length"]})')
   stats = own_stats()
-  config.model.rope_original_length = int(stats['max_inter']) + 1
-  return (f'{config.model.rope_original_length} segments (max inter position '
-          f'{stats["max_inter"]} + 1 of this run\'s training rows, length {stats["length"]})')
+  length = int(stats['max_inter']) + 1
+  return length, (f'{length} segments (max inter position {stats["max_inter"]} + 1 of this '
+                  f'run\'s training rows, length {stats["length"]})')

@@ -80,8 +80,10 @@ def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
 
 
 def mesh_sizes(mesh_config) -> tuple[int, ...]:
-  """The configured sizes in MESH_AXES order (mesh.context defaults to 1)."""
-  return (mesh_config.data, mesh_config.fsdp, mesh_config.get('context', 1), mesh_config.tensor)
+  """The configured sizes in MESH_AXES order, of a MeshConfig (bipe_jax/run_config.py) or a
+  config.mesh section (mesh.context defaults to 1: a section saved before it existed)."""
+  return (mesh_config.data, mesh_config.fsdp, getattr(mesh_config, 'context', 1),
+          mesh_config.tensor)
 
 
 def batch_shards(mesh: jax.sharding.Mesh) -> int:

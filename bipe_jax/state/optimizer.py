@@ -11,7 +11,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ('linear', 'cosine', 'constant')
+from bipe_jax import run_config as run_config_lib
+
+SCHEDULES = run_config_lib.SCHEDULES
+
+
+def _typed(train_config) -> run_config_lib.TrainConfig:
+  """A TrainConfig as it is; a config.train section (ConfigDict or dict) validated into one."""
+  if isinstance(train_config, run_config_lib.TrainConfig):
+    return train_config
+  return run_config_lib.section_from_dict('train', train_config)
 
 
 def learning_rate_schedule(train_config) -> optax.Schedule:
@@ -19,15 +28,15 @@ def learning_rate_schedule(train_config) -> optax.Schedule:
 
   Warmup: lr * (step + 1) / warmup_steps for step < warmup_steps (the first update is not
   zero). Then decay to `end_learning_rate_ratio * lr` at `train.steps`: linear (polynomial
-  power 1, as the paper) or cosine. Constant after `train.steps`.
+  power 1, as the paper) or cosine. Constant after `train.steps`. `train_config`: a
+  TrainConfig (bipe_jax/run_config.py) or a config.train section.
   """
-  peak = float(train_config.learning_rate)
-  warmup = int(train_config.warmup_steps)
-  total = int(train_config.steps)
-  end = peak * float(train_config.end_learning_rate_ratio)
-  kind = train_config.schedule
-  if kind not in SCHEDULES:
-    raise ValueError(f'train.schedule={kind!r} is invalid: must be one of {SCHEDULES}')
+  t = _typed(train_config)
+  peak = float(t.learning_rate)
+  warmup = int(t.warmup_steps)
+  total = int(t.steps)
+  end = peak * float(t.end_learning_rate_ratio)
+  kind = t.schedule
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
@@ -66,12 +75,13 @@ def project_parameters(params):
 
 
 def make_optimizer(train_config) -> optax.GradientTransformation:
-  """Clip by global norm (if grad_clip > 0), then AdamW with the schedule above."""
+  """Clip by global norm (if grad_clip > 0), then AdamW with the schedule above.
+  `train_config`: a TrainConfig or a config.train section."""
+  t = _typed(train_config)
   parts = []
-  if float(train_config.grad_clip) > 0:
-    parts.append(optax.clip_by_global_norm(float(train_config.grad_clip)))
+  if float(t.grad_clip) > 0:
+    parts.append(optax.clip_by_global_norm(float(t.grad_clip)))
   parts.append(optax.adamw(
-      learning_rate=learning_rate_schedule(train_config),
-      b1=float(train_config.b1), b2=float(train_config.b2), eps=float(train_config.eps),
-      weight_decay=float(train_config.weight_decay), mask=decay_mask))
+      learning_rate=learning_rate_schedule(t), b1=float(t.b1), b2=float(t.b2),
+      eps=float(t.eps), weight_decay=float(t.weight_decay), mask=decay_mask))
   return optax.chain(*parts)

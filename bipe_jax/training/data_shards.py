@@ -15,8 +15,8 @@ from typing import Optional
 
 from etils import epath
 
+from bipe_jax.run_config import require
 from bipe_jax.state import checkpointing
-from bipe_jax.training import config_validation
 
 
 def saved_data_shards(checkpoint_dir: str) -> Optional[int]:
@@ -34,20 +34,30 @@ def saved_data_shards(checkpoint_dir: str) -> Optional[int]:
   return None
 
 
-def resolve_data_shards(config, data_process_count: int,
+def resolve_data_shards(train, data_process_count: int,
                         checkpoint_dir: str) -> tuple[int, Optional[str]]:
   """(logical data shard count, the line to print when it was adopted from the checkpoint).
 
-  Sets config.train.data_shards to an adopted count, so the run's saved config records it."""
-  t = config.train
-  if not t.data_shards:
+  `train`: the train section (TrainConfig or config.train), not edited: the caller records an
+  adopted count (training/resolve.py's `data_shards`); a line is returned only then."""
+  if not train.data_shards:
     saved = saved_data_shards(checkpoint_dir)
     if (saved and saved != data_process_count and saved % data_process_count == 0
-        and t.batch_size % saved == 0):
-      t.data_shards = saved
-      count = config_validation.validate_data_shards(config, data_process_count)
+        and train.batch_size % saved == 0):
+      count = validate_data_shards(saved, train.batch_size, data_process_count)
       return count, (f"train.data_shards={saved}: the checkpoint's data state has {saved} "
                      f'logical data shards; {data_process_count} data-loading process'
                      f'{"es" if data_process_count > 1 else ""} each load {saved // data_process_count}'
                      ' of them, so the data continues exactly')
-  return config_validation.validate_data_shards(config, data_process_count), None
+  return validate_data_shards(train.data_shards, train.batch_size, data_process_count), None
+
+
+def validate_data_shards(data_shards: int, batch_size: int, data_process_count: int) -> int:
+  """Checks train.data_shards against the data-loading processes and the global batch; returns
+  the shard count (0: one per process). ConfigError (one line) otherwise."""
+  count = data_shards or data_process_count
+  require(count % data_process_count == 0, 'train.data_shards', data_shards,
+          f'must be a multiple of the {data_process_count} data-loading processes (or 0)')
+  require(batch_size % count == 0, 'train.batch_size', batch_size,
+          f'must be a multiple of the logical data shards train.data_shards={count}')
+  return count

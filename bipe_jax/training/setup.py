@@ -1,7 +1,8 @@
 """One set-up for a training run: the model, optimizer, schedule, abstract state, shardings and
-the jitted step, built once from a config and a mesh.
+the jitted step, built once from a resolved config and a mesh.
 
-    setup = build(config, mesh)            # or build(config, mesh, model_config=...)
+    run = resolve.resolve(config, device_count=..., tokenizer=...)   # training/resolve.py
+    setup = build(run, mesh)               # or build(run, mesh, model=...)
     state, _ = setup.fresh_state(seed)     # or checkpointer.restore(step, setup.target())
     with setup.context():
       state, scalars = setup.step_fn(state, batch)
@@ -16,12 +17,12 @@ from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
-import ml_collections
 import optax
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import platform_choices
 from bipe_jax import model as model_lib
+from bipe_jax import run_config as run_config_lib
 from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.state import train_state as train_state_lib
 from bipe_jax.training import train_step as train_step_lib
@@ -30,7 +31,7 @@ from bipe_jax.training import train_step as train_step_lib
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """What one training run is made of. `model` has its kernels resolved for `mesh`."""
-  config: ml_collections.ConfigDict  # as validated and resolved; not modified here
+  config: run_config_lib.RunConfig  # as resolved (training/resolve.py)
   mesh: jax.sharding.Mesh
   model: nn.Module
   tx: optax.GradientTransformation
@@ -41,7 +42,7 @@ class Setup:
 
   @property
   def seq_len(self) -> int:
-    return int(self.config.data.seq_len)
+    return self.config.data.seq_len
 
   def target(self) -> train_state_lib.TrainState:
     """The abstract state with its shardings: what a checkpoint restores onto."""
@@ -56,25 +57,24 @@ class Setup:
     return train_state_lib.mesh_context(self.mesh)
 
 
-def build(config, mesh: jax.sharding.Mesh, *,
-          model_config: Optional[model_config_lib.ModelConfig] = None,
+def build(resolved: run_config_lib.RunConfig, mesh: jax.sharding.Mesh, *,
           model: Optional[nn.Module] = None) -> Setup:
-  """The set-up of `config` (validated: config_validation) on `mesh`.
+  """The set-up of `resolved` (training/resolve.py, every field resolved) on `mesh`.
 
-  model_config: the resolved ModelConfig (separators from the tokenizer); default built from
-  config.model. model: any linen module tokens [B, T] -> logits [B, T, V] instead of the
-  project's Transformer.
+  The project's Transformer of resolved.model (ValueError naming the field when one resolved
+  at start is not: separator ids, an inter-stream RoPE original length), or `model`: any linen
+  module tokens [B, T] -> logits [B, T, V].
   """
-  t = config.train
+  t = resolved.train
   if model is None:
-    model = model_lib.Transformer(model_config or
-                                  model_config_lib.model_config_from_dict(config.model))
+    model_config_lib.validate_model_config(resolved.model)  # resolved: no check relaxed
+    model = model_lib.Transformer(resolved.model)
   model = platform_choices.model_for_mesh(model, mesh)  # model.kernels='auto': the mesh's platform
   tx = optimizer_lib.make_optimizer(t)
   schedule = optimizer_lib.learning_rate_schedule(t)
-  abstract, shardings = train_state_lib.state_shardings(model, tx, mesh, int(config.data.seq_len))
+  abstract, shardings = train_state_lib.state_shardings(model, tx, mesh, resolved.data.seq_len)
   step_fn = train_step_lib.make_train_step(
       model, tx, schedule, mesh, shardings, grad_accum_steps=t.grad_accum_steps,
-      pad_id=int(config.model.pad_id), loss_chunk_tokens=t.loss_chunk_tokens)
-  return Setup(config=config, mesh=mesh, model=model, tx=tx, schedule=schedule,
+      pad_id=resolved.model.pad_id, loss_chunk_tokens=t.loss_chunk_tokens)
+  return Setup(config=resolved, mesh=mesh, model=model, tx=tx, schedule=schedule,
                abstract=abstract, shardings=shardings, step_fn=step_fn)

@@ -12,10 +12,8 @@ Preemption: SIGTERM or SIGINT (single process) or JAX's preemption sync point (m
 makes the loop save a checkpoint at the step it has reached and return cleanly.
 """
 
-import contextlib
 import dataclasses
 import math
-import os
 import signal
 import threading
 from typing import Callable, Optional
@@ -25,8 +23,7 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bipe_jax import config as model_config_lib
-from bipe_jax import schemes
+from bipe_jax import run_config as run_config_lib
 from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax.runs import workdir_io
 from bipe_jax.state import checkpointing
@@ -39,6 +36,7 @@ from bipe_jax.training import init_from_shapes
 from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.runs import position_stats
 from bipe_jax.training import progress
+from bipe_jax.training import resolve as resolve_lib
 from bipe_jax.training import setup as setup_lib
 from bipe_jax.runs import run_record
 from bipe_jax.training import train_loop
@@ -100,8 +98,9 @@ def _barrier(name: str):
 
 
 def _default_data(config, workdir: str):
-  """(make_iterator, model_config) from the data pipeline: prepare, the run's own copy of the
-  tokenizer (bipe_jax.runs.tokenizer), separators."""
+  """(make_iterator, tokenizer) from the data pipeline: prepare, the run's own copy of the
+  tokenizer (bipe_jax.runs.tokenizer: records its path and hash in `config.data`, this run's
+  copy of the config)."""
   from bipe_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   try:  # the data pipeline's ValueErrors are about config.data (missing dataset, bad path)
     if jax.process_index() == 0:
@@ -113,39 +112,36 @@ def _default_data(config, workdir: str):
     tokenizer = data_lib.get_tokenizer(config.data)
   except ValueError as e:
     raise config_validation.ConfigError(' '.join(str(e).split())) from None
-  model_config = config_validation.resolve_model_config(config, tokenizer)
-  return data_lib.make_train_iterator, model_config
+  return data_lib.make_train_iterator, tokenizer
 
 
-def _segment_statistics(config, workdir: str, model_config, make_iterator):
-  """(model_config with an inter-stream rope_original_length resolved, message or None).
+def _segment_statistics(config, workdir: str, resolved: run_config_lib.RunConfig,
+                        make_iterator) -> tuple[Optional[int], Optional[str]]:
+  """(an inter-stream rope_original_length to resolve with, or None; the line saying where it
+  came from, or None). `resolved`: separator ids resolved.
 
   A fresh bipe_* run records the segment statistics of its training rows
   (position_stats.json, read by runs fine-tuned from it); see bipe_jax.runs.position_stats.
   """
-  if not schemes.get_scheme(config.model.position_encoding).bilevel:
-    return model_config, None
+  if not resolved.model.scheme.bilevel:
+    return None, None
   cache = {}
 
   def own_stats():
     if 'stats' not in cache:
       cache['stats'] = position_stats.read(workdir) or position_stats.measure(
-          config.data, model_config, make_iterator)
+          config.data, resolved.model, make_iterator)
     return cache['stats']
 
-  message = None
+  length = message = None
   if position_stats.needs_inter_original_length(config.model):
-    with config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext():
-      source = position_stats.resolve_inter_original_length(config, workdir, own_stats)
-    message = f'model.rope_original_length = {source}, for {config.model.rope_scaling} on the ' \
-              'inter stream'
-    try:
-      model_config = model_config_lib.model_config_from_dict(config.model)
-    except ValueError as e:
-      raise config_validation.ConfigError(str(e)) from None
+    length, source = position_stats.inter_original_length(workdir, resolved.train.init_from,
+                                                          own_stats)
+    message = (f'model.rope_original_length = {source}, for {resolved.model.rope_scaling} on '
+               'the inter stream')
   if jax.process_index() == 0 and position_stats.read(workdir) is None:
     position_stats.write(workdir, own_stats())
-  return model_config, message
+  return length, message
 
 
 def _check_finite(step: int, scalars: dict, last_good: Optional[int], directory: str):
@@ -175,17 +171,19 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
     NonFiniteLossError: the loss became NaN/Inf.
     workdir_lock.WorkdirInUseError: another process is training in `workdir`.
   """
-  config = config.copy_and_resolve_references()
-  config_validation.derive_fields(config)
-  config_validation.validate_config(config, jax.device_count())
-  if not checkpointing.step_dirs(config.checkpoint.dir or os.path.join(workdir, 'checkpoints')):
+  config = config.copy_and_resolve_references()  # this run's copy (the tokenizer pin edits it)
+  early = resolve_lib.resolve(config, device_count=jax.device_count())  # checks, before any I/O
+  facts = dict(device_count=jax.device_count(),
+               init_source_seq_len=init_from_lib.source_seq_len(early.train.init_from))
+  if not checkpointing.step_dirs(early.checkpoint.directory(workdir)):
+    checked = early.to_config_dict()
     try:  # before anything is written (a resumed run ignores train.init_from)
-      init_from_lib.check_source(config)
-      init_from_shapes.check_param_shapes(config, model)
+      init_from_lib.check_source(checked)
+      init_from_shapes.check_param_shapes(checked, model)
     except init_from_lib.InitFromError as e:
       raise config_validation.ConfigError(str(e)) from None
   with workdir_lock.hold(workdir, enabled=jax.process_index() == 0):
-    return _train(config, workdir, model=model, make_iterator=make_iterator)
+    return _train(config, early, facts, workdir, model=model, make_iterator=make_iterator)
 
 
 def steps_to_train(start_step: int, total_steps: int) -> str:
@@ -196,24 +194,27 @@ def steps_to_train(start_step: int, total_steps: int) -> str:
           '(raise --config.train.steps to train further)')
 
 
-def _train(config, workdir: str, *, model: Optional[nn.Module],
-           make_iterator: Optional[Callable]) -> TrainResult:
-  """`train` once its config is validated, with the workdir's lock held."""
-  mesh = mesh_lib.make_mesh(config.mesh)
-  t = config.train
-  seq_len = int(config.data.seq_len)
-  data_slice = mesh_lib.process_data_shard(mesh, t.batch_size)
-  ckpt_dir = config.checkpoint.dir or os.path.join(workdir, 'checkpoints')
-  num_shards, shards_message = data_shards_lib.resolve_data_shards(config, data_slice[1],
+def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *,
+           model: Optional[nn.Module], make_iterator: Optional[Callable]) -> TrainResult:
+  """`train` once its config is checked (`early`: resolved without the facts read from the
+  data), with the workdir's lock held. `facts`: what resolve_lib.resolve takes besides the
+  config, completed here."""
+  mesh = mesh_lib.make_mesh(early.mesh)
+  data_slice = mesh_lib.process_data_shard(mesh, early.train.batch_size)
+  ckpt_dir = early.checkpoint.directory(workdir)
+  num_shards, shards_message = data_shards_lib.resolve_data_shards(early.train, data_slice[1],
                                                                    ckpt_dir)
+  if shards_message:  # adopted from the checkpoint: the run records it
+    facts['data_shards'] = num_shards
 
-  model_config, stats_message = None, None
+  stats_message = None
   if make_iterator is None:
-    make_iterator, model_config = _default_data(config, workdir)
-    model_config, stats_message = _segment_statistics(config, workdir, model_config,
-                                                      make_iterator)
-  if model is None:
-    model_config = model_config or model_config_lib.model_config_from_dict(config.model)
+    make_iterator, facts['tokenizer'] = _default_data(config, workdir)
+    facts['inter_original_length'], stats_message = _segment_statistics(
+        config, workdir, resolve_lib.resolve(config, **facts), make_iterator)
+  resolved = resolve_lib.resolve(config, **facts)
+  recorded = resolved.to_config_dict()  # config.json, and the readers of a ConfigDict
+  t, seq_len = resolved.train, resolved.data.seq_len
 
   is_main = jax.process_index() == 0
   converted = checkpointing.params_only_step(ckpt_dir)
@@ -223,42 +224,42 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
         f'training run to resume: fine-tune from it in a new workdir with '
         f'--config.train.init_from={workdir}')
   try:
-    run_record.check_resume(workdir, config)
+    run_record.check_resume(workdir, recorded)
   except run_record.ResumeMismatchError as e:
     raise config_validation.ConfigError(str(e)) from None
   if is_main:
     workdir_io.makedirs(workdir)
 
-  setup = setup_lib.build(config, mesh, model_config=model_config, model=model)
+  setup = setup_lib.build(resolved, mesh, model=model)
   model, shardings = setup.model, setup.shardings
   checkpointer = checkpointing.Checkpointer(
-      ckpt_dir, every_steps=config.checkpoint.every_steps, keep=config.checkpoint.keep,
-      async_save=config.checkpoint.async_save)
+      ckpt_dir, every_steps=resolved.checkpoint.every_steps, keep=resolved.checkpoint.keep,
+      async_save=resolved.checkpoint.async_save)
   preemption = _Preemption(checkpointer)  # SIGTERM from here on: save at the next step
   logger = None
   try:
     loader = data_loading.ShardedDataLoader(
-        make_iterator, config.data, global_batch_size=t.batch_size, num_shards=num_shards,
+        make_iterator, recorded.data, global_batch_size=t.batch_size, num_shards=num_shards,
         process_slice=data_slice)
 
     device = jax.devices()[0]
     peak, peak_source = flops_lib.peak_flops_per_device(
-        device.device_kind, device.platform, str(config.model.dtype), t.peak_flops_per_device)
+        device.device_kind, device.platform, resolved.model.dtype, t.peak_flops_per_device)
     logger = progress.ProgressLogger(
         workdir, total_steps=t.steps, tokens_per_step=t.batch_size * seq_len,
-        flops_per_token=flops_lib.train_flops_per_token(model_config or config.model, seq_len),
+        flops_per_token=flops_lib.train_flops_per_token(resolved.model, seq_len),
         peak_flops=peak * (jax.process_count() if device.platform == 'cpu'
                            else jax.device_count()),
         log_every=t.log_every, enabled=is_main)
 
     try:
-      validation_slice = validation.make_validation_slice(config)
+      validation_slice = validation.make_validation_slice(recorded)
     except validation.ValidationSliceError as e:
       raise config_validation.ConfigError(str(e)) from None
 
     logging.info('built data loader and checkpointer; restoring')
     restored = checkpointer.restore_latest(
-        setup.target(), allow_fresh_start=bool(config.checkpoint.allow_fresh_start))
+        setup.target(), allow_fresh_start=resolved.checkpoint.allow_fresh_start)
     if restored is not None:
       start_step, state, data_state = restored
       if data_state is not None:  # None: a train state saved without a data position
@@ -273,14 +274,14 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
         try:
           state, source = init_from_lib.with_source_params(
               state, t.init_from, shardings.params,
-              separator_ids=tuple(config.model.separator_ids))
+              separator_ids=resolved.model.separator_ids)
         except init_from_lib.InitFromError as e:
           raise config_validation.ConfigError(str(e)) from None
         logger.event(f'parameters from {source}; optimizer state fresh, step 0')
     logger.forget_after(start_step)  # steps past the checkpoint are trained (logged) again
     logging.info('train state ready')
     if is_main:  # only now: a failed restore never replaces the record of what was trained
-      run_record.write_config(workdir, config)
+      run_record.write_config(workdir, recorded)
     logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
                  f'{jax.process_count()} processes; {steps_to_train(start_step, t.steps)}')
     logger.event(f'MFU is measured against {peak_source}')
@@ -295,13 +296,13 @@ def _train(config, workdir: str, *, model: Optional[nn.Module],
         step_fn=setup.step_fn,
         next_batch=lambda: mesh_lib.global_batch(next(loader), mesh, t.batch_size),
         scalars=train_loop.Scalars(record.consume, jax.device_get),
-        actions=_periodic_actions(config, record, validation_slice, model, mesh),
+        actions=_periodic_actions(resolved, record, validation_slice, model, mesh),
         should_stop=preemption.reached,
         on_first_dispatch=lambda: logging.info('first step dispatched'))
     with setup.context():
       end = loop.run(state, start_step, t.steps)
       if end.exhausted:
-        record.data_ended(end, start_step, config)
+        record.data_ended(end, start_step, resolved)
   finally:
     preemption.close()
     checkpointer.close()
