@@ -22,7 +22,6 @@ from typing import Any, Mapping, Tuple
 import ml_collections
 
 from bipe_jax import config as model_config_lib
-from bipe_jax.state import mesh as mesh_lib
 
 SCHEDULES = ('linear', 'cosine', 'constant')  # train.schedule (bipe_jax/state/optimizer.py)
 TOKENIZER_MODEL_TYPES = ('bpe', 'unigram')
@@ -197,29 +196,22 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """config.mesh: the device mesh's axis sizes (bipe_jax/state/mesh.py); -1 = the rest."""
+  """config.mesh: the device mesh's axis sizes, in the order of bipe_jax/state/mesh.py's
+  MESH_AXES; -1 = the rest (filled for the device count: training/resolve.py)."""
   data: int = -1  # -1 = the remaining devices
   fsdp: int = 1
   context: int = 1  # > 1: the sequence is sharded over this many devices (context parallelism)
   tensor: int = 1
 
   def __post_init__(self):
-    for name in mesh_lib.MESH_AXES:
-      value = getattr(self, name)
+    for name, value in zip(config_keys(MeshConfig), self.sizes):
       require(_is_int(value) and (value >= 1 or value == -1), f'mesh.{name}', value,
               'must be a positive integer or -1 (fill with the rest)')
 
   @property
   def sizes(self) -> tuple[int, ...]:
-    """The configured sizes in mesh_lib.MESH_AXES order (data, fsdp, context, tensor)."""
-    return tuple(getattr(self, name) for name in mesh_lib.MESH_AXES)
-
-  def shape(self, device_count: int) -> tuple[int, ...]:
-    """The sizes with a -1 filled for `device_count` devices; ConfigError when they cannot."""
-    try:
-      return mesh_lib.resolve_mesh_shape(self.sizes, device_count)
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
+    """The configured sizes (data, fsdp, context, tensor)."""
+    return (self.data, self.fsdp, self.context, self.tensor)
 
 
 SECTIONS = {'data': DataConfig, 'train': TrainConfig, 'checkpoint': CheckpointConfig,

@@ -17,6 +17,7 @@ from bipe_jax import config as model_config_lib
 from bipe_jax import defaults
 from bipe_jax import run_config
 from bipe_jax.run_config import ConfigError
+from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.state import optimizer
 from bipe_jax.training import resolve as resolve_lib
 from bipe_jax.training import setup as setup_lib
@@ -44,6 +45,13 @@ def test_defaults_are_the_dataclass_defaults(name):
   assert base.to_dict() == run_config.default_fields(section_type)
   assert run_config.section_from_dict(name, base) == section_type()  # the defaults are valid
   assert _json(run_config.section_to_dict(section_type())) == _json(base)
+
+
+def test_derived_properties():
+  assert tuple(run_config.config_keys(run_config.MeshConfig)) == mesh_lib.MESH_AXES  # sizes order
+  assert run_config.MeshConfig(fsdp=2, context=4).sizes == (-1, 2, 4, 1)
+  assert run_config.CheckpointConfig().directory('/w') == '/w/checkpoints'
+  assert run_config.CheckpointConfig(dir='gs://b/c').directory('/w') == 'gs://b/c'
 
 
 def test_every_preset_builds_valid_typed_sections_recorded_as_given():

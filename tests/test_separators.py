@@ -8,7 +8,7 @@ import pytest
 
 from bipe_jax.data import preparation
 from bipe_jax.data import tokenizer as tokenizer_lib
-from bipe_jax.training import config_validation
+from bipe_jax import run_config
 from bipe_jax.training import resolve as resolve_lib
 from configs import base
 
@@ -91,10 +91,10 @@ def test_resolution_follows_the_dataset_kind_and_checks_bos_eos(tmp_path):
   c = toy_config()
   c.data.dataset, c.data.text_dir = 'text_folder', str(tmp_path)
   assert _resolve(c, tokenizer=ToyTokenizer()).model.separator_ids == (6,)
-  with pytest.raises(config_validation.ConfigError, match=r'model.bos_id=3 does not match the '
+  with pytest.raises(run_config.ConfigError, match=r'model.bos_id=3 does not match the '
                                                           r'tokenizer toy.model \(bos_id 1\)'):
     _resolve(toy_config(bos_id=3), tokenizer=ToyTokenizer())
-  with pytest.raises(config_validation.ConfigError, match='model.eos_id=-1'):
+  with pytest.raises(run_config.ConfigError, match='model.eos_id=-1'):
     _resolve(toy_config(eos_id=-1), tokenizer=ToyTokenizer())
 
 

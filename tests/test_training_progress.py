@@ -8,7 +8,7 @@ import pytest
 import bipe_jax.data as data_lib
 from bipe_jax.evaluation import perplexity
 from bipe_jax.runs import restore as runs_lib
-from bipe_jax.training import config_validation
+from bipe_jax import run_config
 from bipe_jax.training import progress
 from bipe_jax.training import trainer
 from configs import base
@@ -73,7 +73,7 @@ def test_a_slice_shorter_than_one_block_is_a_config_error(folder_run, tmp_path):
   config, _ = folder_run
   config = config.copy_and_resolve_references()
   config.train.eval_tokens = 8
-  with pytest.raises(config_validation.ConfigError, match='train.eval_tokens=8'):
+  with pytest.raises(run_config.ConfigError, match='train.eval_tokens=8'):
     trainer.train(config, str(tmp_path / 'bad'))
 
 

@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from configs import base
 from bipe_jax.state import checkpointing
-from bipe_jax.training import config_validation
+from bipe_jax import run_config
 from bipe_jax.training import resolve as resolve_lib
 from bipe_jax.training import data_loading
 from bipe_jax.training import flops
@@ -276,7 +276,7 @@ def test_bad_config_values_give_one_line_naming_the_field(section, field, value,
   config.train.batch_size = 8
   config[section][field] = value
   device_count = 4
-  with pytest.raises(config_validation.ConfigError) as info:
+  with pytest.raises(run_config.ConfigError) as info:
     resolve_lib.resolve(config, device_count=device_count)
   message = str(info.value)
   assert fragment in message and '\n' not in message
@@ -285,7 +285,7 @@ def test_bad_config_values_give_one_line_naming_the_field(section, field, value,
 def test_batch_must_divide_across_data_shards():
   config = small_config()
   config.mesh.data, config.train.batch_size = 4, 6
-  with pytest.raises(config_validation.ConfigError, match=r'train.batch_size=6 .*\(= 4\)'):
+  with pytest.raises(run_config.ConfigError, match=r'train.batch_size=6 .*\(= 4\)'):
     resolve_lib.resolve(config, device_count=4)
 
 
@@ -301,11 +301,11 @@ def test_vocab_mismatch_and_separator_resolution():
   resolve = lambda: resolve_lib.resolve(config, device_count=1, tokenizer=FakeTokenizer())  # pylint: disable=unnecessary-lambda-assignment
   assert resolve().model.separator_ids == (13, 7)
   config.model.bos_id = 3
-  with pytest.raises(config_validation.ConfigError, match=r'model.bos_id=3 does not match.*bos_id 1'):
+  with pytest.raises(run_config.ConfigError, match=r'model.bos_id=3 does not match.*bos_id 1'):
     resolve()
   config.model.bos_id = 1
   config.model.vocab_size = 512
-  with pytest.raises(config_validation.ConfigError, match='model.vocab_size=512 does not match'):
+  with pytest.raises(run_config.ConfigError, match='model.vocab_size=512 does not match'):
     resolve()
 
 

@@ -101,7 +101,7 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
 
   `config`: an ml_collections config as `train/main.py` takes (configs/base.py sections),
   resolved by `resolve` over the topology's devices (not edited). `devices` overrides the topology (any
-  devices: tests pass CPU ones). Raises CompileError or config_validation.ConfigError (one line).
+  devices: tests pass CPU ones). Raises CompileError or run_config.ConfigError (one line).
   """
 
   if devices is None:

@@ -19,7 +19,7 @@ from bipe_jax.compile import step_cost
 from bipe_jax.compile import topologies
 from bipe_jax.runs import workdir_io
 from bipe_jax.compile.topologies import CompileError
-from bipe_jax.training import config_validation
+from bipe_jax import run_config
 
 LOWERED_ONLY = 3
 
@@ -51,7 +51,7 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
       report = aot.compile_for_topology(config, topology, num_slices=num_slices,
                                         eval_lengths=lengths, eval_batch_size=eval_batch_size,
                                         devices=devices, platform=platform)
-  except (config_validation.ConfigError, CompileError) as e:
+  except (run_config.ConfigError, CompileError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   if lower_only:

@@ -222,13 +222,13 @@ def main(plan: SweepPlan, base_config, root: str) -> int:
   stdout; a bad config or plan is one line on stderr and exit code 2; a preemption (SIGTERM) one
   line on stderr and exit code 0, as train/main.py (the checkpoint is saved)."""
   import sys  # pylint: disable=g-import-not-at-top
-  from bipe_jax.training import config_validation  # pylint: disable=g-import-not-at-top
+  from bipe_jax import run_config  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
   from bipe_jax.runs import workdir_lock  # pylint: disable=g-import-not-at-top
   try:
     doc = sweep(plan, base_config, root, train_fn=trainer.train, accuracy_fn=workdir_accuracy,
                 log=lambda s: print(s, flush=True))
-  except (ValueError, config_validation.ConfigError, workdir_lock.WorkdirInUseError) as e:
+  except (ValueError, run_config.ConfigError, workdir_lock.WorkdirInUseError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   except SweepPreempted as e:

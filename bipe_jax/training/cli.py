@@ -11,7 +11,7 @@ import sys
 from bipe_jax.runs import workdir_io
 from bipe_jax.cli import EXIT_INTERRUPTED
 from bipe_jax.state import checkpointing
-from bipe_jax.training import config_validation
+from bipe_jax import run_config
 from bipe_jax.training import distributed
 from bipe_jax.runs import workdir_lock
 
@@ -52,7 +52,7 @@ def _train(config, workdir: str) -> int:
   from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
   try:
     result = trainer.train(config, workdir)
-  except (config_validation.ConfigError, checkpointing.IncompatibleCheckpointError) as e:
+  except (run_config.ConfigError, checkpointing.IncompatibleCheckpointError) as e:
     print(f'config error: {e}', file=sys.stderr, flush=True)
     return 2
   except checkpointing.CheckpointsUnusableError as e:

@@ -180,7 +180,10 @@ def check_layout(data: run_config_lib.DataConfig, train: run_config_lib.TrainCon
   """Checks the mesh against the device count, the global batch against the batch shards and
   data.seq_len against the context shards; returns the mesh shape (data, fsdp, context,
   tensor)."""
-  shape = mesh.shape(device_count)
+  try:
+    shape = mesh_lib.resolve_mesh_shape(mesh.sizes, device_count)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   shards = shape[0] * shape[1]
   accum = train.grad_accum_steps
   require(train.batch_size % (shards * accum) == 0, 'train.batch_size', train.batch_size,

@@ -27,7 +27,6 @@ from bipe_jax import run_config as run_config_lib
 from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax.runs import workdir_io
 from bipe_jax.state import checkpointing
-from bipe_jax.training import config_validation
 from bipe_jax.training import data_shards as data_shards_lib
 from bipe_jax.training import data_loading
 from bipe_jax.training import flops as flops_lib
@@ -111,7 +110,7 @@ def _default_data(config, workdir: str):
     run_tokenizer.pin_for_training(config, workdir)
     tokenizer = data_lib.get_tokenizer(config.data)
   except ValueError as e:
-    raise config_validation.ConfigError(' '.join(str(e).split())) from None
+    raise run_config_lib.ConfigError(' '.join(str(e).split())) from None
   return data_lib.make_train_iterator, tokenizer
 
 
@@ -167,7 +166,7 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
     make_iterator: `(data_config, rows, shard, num_shards) -> iterator` with
       get_state/set_state; default `bipe_jax.data.make_train_iterator`.
   Raises:
-    config_validation.ConfigError: a bad config value (one line).
+    run_config_lib.ConfigError: a bad config value (one line).
     NonFiniteLossError: the loss became NaN/Inf.
     workdir_lock.WorkdirInUseError: another process is training in `workdir`.
   """
@@ -181,7 +180,7 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
       init_from_lib.check_source(checked)
       init_from_shapes.check_param_shapes(checked, model)
     except init_from_lib.InitFromError as e:
-      raise config_validation.ConfigError(str(e)) from None
+      raise run_config_lib.ConfigError(str(e)) from None
   with workdir_lock.hold(workdir, enabled=jax.process_index() == 0):
     return _train(config, early, facts, workdir, model=model, make_iterator=make_iterator)
 
@@ -219,14 +218,14 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
   is_main = jax.process_index() == 0
   converted = checkpointing.params_only_step(ckpt_dir)
   if converted is not None:
-    raise config_validation.ConfigError(
+    raise run_config_lib.ConfigError(
         f'{ckpt_dir} holds parameters only (a converted model, step {converted}), not a '
         f'training run to resume: fine-tune from it in a new workdir with '
         f'--config.train.init_from={workdir}')
   try:
     run_record.check_resume(workdir, recorded)
   except run_record.ResumeMismatchError as e:
-    raise config_validation.ConfigError(str(e)) from None
+    raise run_config_lib.ConfigError(str(e)) from None
   if is_main:
     workdir_io.makedirs(workdir)
 
@@ -255,7 +254,7 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
     try:
       validation_slice = validation.make_validation_slice(recorded)
     except validation.ValidationSliceError as e:
-      raise config_validation.ConfigError(str(e)) from None
+      raise run_config_lib.ConfigError(str(e)) from None
 
     logging.info('built data loader and checkpointer; restoring')
     restored = checkpointer.restore_latest(
@@ -276,7 +275,7 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
               state, t.init_from, shardings.params,
               separator_ids=resolved.model.separator_ids)
         except init_from_lib.InitFromError as e:
-          raise config_validation.ConfigError(str(e)) from None
+          raise run_config_lib.ConfigError(str(e)) from None
         logger.event(f'parameters from {source}; optimizer state fresh, step 0')
     logger.forget_after(start_step)  # steps past the checkpoint are trained (logged) again
     logging.info('train state ready')
