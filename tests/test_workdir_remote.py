@@ -161,11 +161,13 @@ def test_the_tokenizer_copy_is_pinned_in_the_bucket_and_loads_from_it(bucket, tm
   local = tokenizer_lib.train_tokenizer(docs.values(), source, vocab_size=320)
   config = base.get_base_config()
   config.data.tokenizer_path = source
-  pinned = run_tokenizer.pin_for_training(config, RUN)
-  assert pinned == f'{RUN}/tokenizer.model' and config.data.tokenizer_path == pinned
+  pin = run_tokenizer.pin_for_training(config.data, RUN)
+  pinned = f'{RUN}/tokenizer.model'
+  assert pin == {'tokenizer_path': pinned, 'tokenizer_sha256': run_tokenizer.sha256_of(source)}
+  assert config.data.tokenizer_path == source  # not edited: the run's resolved config records it
   with open(source, 'rb') as f:
     assert bucket[pinned].getvalue() == f.read()
-  assert config.data.tokenizer_sha256 == run_tokenizer.sha256_of(source)
+  config.data.update(pin)
   assert run_tokenizer.tokenizer_for_run(RUN, config.data) == pinned
   remote = tokenizer_lib.Tokenizer(pinned)
   text = 'A line of text.\nAnother one.'

@@ -33,23 +33,25 @@ def _has_file_tokenizer(data_config) -> bool:
   return task is None or task.file_tokenizer
 
 
-def pin_for_training(config, workdir: str) -> str | None:
-  """Copies (fresh run) or checks (resume) `<workdir>/tokenizer.model`; records it in `config`.
+def pin_for_training(data_config, workdir: str) -> dict[str, str]:
+  """Copies (fresh run) or checks (resume) `<workdir>/tokenizer.model`.
 
-  Returns the pinned path (None for built-in tokenizers). On resume, an explicit
-  `data.tokenizer_path` whose content differs from the run's copy is a TokenizerMismatchError.
+  Returns the data fields that record it, {'tokenizer_path': the copy, 'tokenizer_sha256': its
+  hash} ({} for built-in tokenizers), for the run's resolved config (training/resolve.py's
+  `tokenizer_pin`); `data_config` is not edited. On resume, an explicit `data.tokenizer_path`
+  whose content differs from the run's copy is a TokenizerMismatchError.
   """
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
-  if not _has_file_tokenizer(config.data):
-    return None
+  if not _has_file_tokenizer(data_config):
+    return {}
   pinned = workdir_io.absolute(os.path.join(workdir, RUN_TOKENIZER_FILE))
   from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
-  task = generated.lookup(config.data.dataset)
+  task = generated.lookup(data_config.dataset)
   if task is not None:  # a task reading a tokenizer file: its own check (clear errors)
-    task.get_tokenizer(config.data)
-  source = preparation.tokenizer_path(config.data)
+    task.get_tokenizer(data_config)
+  source = preparation.tokenizer_path(data_config)
   if workdir_io.isfile(pinned):
-    explicit = config.data.tokenizer_path
+    explicit = data_config.tokenizer_path
     if (explicit and workdir_io.absolute(source) != pinned and workdir_io.isfile(source)
         and sha256_of(source) != sha256_of(pinned)):
       raise TokenizerMismatchError(
@@ -58,10 +60,7 @@ def pin_for_training(config, workdir: str) -> str | None:
           f'workdir')
   else:
     workdir_io.copy_file(source, pinned)  # processes sharing the workdir copy the same bytes
-  with config.unlocked() if hasattr(config, 'unlocked') else _Null():
-    config.data.tokenizer_path = pinned
-    config.data.tokenizer_sha256 = sha256_of(pinned)
-  return pinned
+  return {'tokenizer_path': pinned, 'tokenizer_sha256': sha256_of(pinned)}
 
 
 def tokenizer_for_run(workdir: str, data_config) -> str | None:
@@ -83,10 +82,3 @@ def tokenizer_for_run(workdir: str, data_config) -> str | None:
         f'file replaced?)')
   return workdir_io.absolute(path)
 
-
-class _Null:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *args):
-    return False

@@ -16,8 +16,9 @@ ModelConfig says so explicitly (`require_separators=False` / `inter_length_later
 `training/setup.build` accepts only a fully resolved one. Errors are `ConfigError` (one line).
 """
 
+import dataclasses
 import difflib
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from bipe_jax import config as model_config_lib
 from bipe_jax import run_config as run_config_lib
@@ -33,6 +34,7 @@ SECTION_NAMES = ('model', 'data', 'train', 'checkpoint', 'mesh')
 def resolve(config, *, device_count: int, tokenizer: Any = None,
             separator_rule: Optional[str] = None, init_source_seq_len: Optional[int] = None,
             inter_original_length: Optional[int] = None, data_shards: Optional[int] = None,
+            tokenizer_pin: Optional[Mapping[str, str]] = None,
             placeholders: bool = False) -> run_config_lib.RunConfig:
   """The RunConfig of `config` (configs/base.py sections) on `device_count` devices.
 
@@ -45,6 +47,8 @@ def resolve(config, *, device_count: int, tokenizer: Any = None,
   inter_original_length: an inter-stream rotary scaling's original length, in segments
     (runs/position_stats.py); None leaves it unresolved.
   data_shards: train.data_shards adopted from a checkpoint (training/data_shards.py).
+  tokenizer_pin: the data fields recording the run's copy of its tokenizer
+    (runs/tokenizer.pin_for_training: data.tokenizer_path, data.tokenizer_sha256).
   placeholders: fill what the compiled program depends on only as constants (separator ids, an
     inter-stream original length) with placeholders: an ahead-of-time compile.
   """
@@ -68,7 +72,8 @@ def resolve(config, *, device_count: int, tokenizer: Any = None,
         inter_length_later=inter_original_length is None)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  data = run_config_lib.section_from_dict('data', config.data)
+  data = dataclasses.replace(run_config_lib.section_from_dict('data', config.data),
+                             **(tokenizer_pin or {}))
   train = config.train.to_dict()
   if data_shards is not None:
     train['data_shards'] = int(data_shards)

@@ -96,10 +96,9 @@ def _barrier(name: str):
     multihost_utils.sync_global_devices(name)
 
 
-def _default_data(config, workdir: str):
-  """(make_iterator, tokenizer) from the data pipeline: prepare, the run's own copy of the
-  tokenizer (bipe_jax.runs.tokenizer: records its path and hash in `config.data`, this run's
-  copy of the config)."""
+def _default_data(config, facts: dict, workdir: str):
+  """The data pipeline's make_iterator; prepares the data, pins the run's own copy of the
+  tokenizer (bipe_jax.runs.tokenizer) and loads it, adding both to `facts`."""
   from bipe_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   try:  # the data pipeline's ValueErrors are about config.data (missing dataset, bad path)
     if jax.process_index() == 0:
@@ -107,14 +106,15 @@ def _default_data(config, workdir: str):
     _barrier('bipe_jax_prepare')
     if jax.process_index() != 0:
       data_lib.prepare(config.data)
-    run_tokenizer.pin_for_training(config, workdir)
-    tokenizer = data_lib.get_tokenizer(config.data)
+    facts['tokenizer_pin'] = run_tokenizer.pin_for_training(config.data, workdir)
+    facts['tokenizer'] = data_lib.get_tokenizer(
+        resolve_lib.resolve(config, **facts).to_config_dict().data)  # the pinned copy
   except ValueError as e:
     raise run_config_lib.ConfigError(' '.join(str(e).split())) from None
-  return data_lib.make_train_iterator, tokenizer
+  return data_lib.make_train_iterator
 
 
-def _segment_statistics(config, workdir: str, resolved: run_config_lib.RunConfig,
+def _segment_statistics(workdir: str, resolved: run_config_lib.RunConfig,
                         make_iterator) -> tuple[Optional[int], Optional[str]]:
   """(an inter-stream rope_original_length to resolve with, or None; the line saying where it
   came from, or None). `resolved`: separator ids resolved.
@@ -129,11 +129,11 @@ def _segment_statistics(config, workdir: str, resolved: run_config_lib.RunConfig
   def own_stats():
     if 'stats' not in cache:
       cache['stats'] = position_stats.read(workdir) or position_stats.measure(
-          config.data, resolved.model, make_iterator)
+          resolved.to_config_dict().data, resolved.model, make_iterator)
     return cache['stats']
 
   length = message = None
-  if position_stats.needs_inter_original_length(config.model):
+  if position_stats.needs_inter_original_length(dataclasses.asdict(resolved.model)):
     length, source = position_stats.inter_original_length(workdir, resolved.train.init_from,
                                                           own_stats)
     message = (f'model.rope_original_length = {source}, for {resolved.model.rope_scaling} on '
@@ -170,7 +170,6 @@ def train(config, workdir: str, *, model: Optional[nn.Module] = None,
     NonFiniteLossError: the loss became NaN/Inf.
     workdir_lock.WorkdirInUseError: another process is training in `workdir`.
   """
-  config = config.copy_and_resolve_references()  # this run's copy (the tokenizer pin edits it)
   early = resolve_lib.resolve(config, device_count=jax.device_count())  # checks, before any I/O
   facts = dict(device_count=jax.device_count(),
                init_source_seq_len=init_from_lib.source_seq_len(early.train.init_from))
@@ -208,9 +207,9 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
 
   stats_message = None
   if make_iterator is None:
-    make_iterator, facts['tokenizer'] = _default_data(config, workdir)
+    make_iterator = _default_data(config, facts, workdir)
     facts['inter_original_length'], stats_message = _segment_statistics(
-        config, workdir, resolve_lib.resolve(config, **facts), make_iterator)
+        workdir, resolve_lib.resolve(config, **facts), make_iterator)
   resolved = resolve_lib.resolve(config, **facts)
   recorded = resolved.to_config_dict()  # config.json, and the readers of a ConfigDict
   t, seq_len = resolved.train, resolved.data.seq_len
