@@ -270,10 +270,6 @@ class RunConfig:
   checkpoint: CheckpointConfig
   mesh: MeshConfig
 
-  @property
-  def seq_len(self) -> int:
-    return self.data.seq_len
-
   def to_config_dict(self) -> ml_collections.ConfigDict:
     """The ConfigDict of these values (sections and fields in definition order): what a run
     records in config.json, and what the ConfigDict readers of the library take."""
