@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.test-installed
 TPU_STAMP := $(VENV)/.tpu-installed
 CUDA_STAMP := $(VENV)/.cuda-installed
 
-.PHONY: test test-fast test-gpu demo demo-all demo-dape demo-segments demo-che demo-fox setup setup-cuda clean
+.PHONY: test test-fast test-times test-gpu demo demo-all demo-dape demo-segments demo-che demo-fox setup setup-cuda clean
 
 # The requirements files pin every version; pyproject.toml names what each part needs (core,
 # [training], [evaluation], [tests], [tpu]). The pinned files are installed first, then the
@@ -63,9 +63,16 @@ test-gpu: $(TEST_STAMP)
 	  JAX_PLATFORMS=cuda $(PY) benchmarks/gpu_step.py; \
 	fi
 
-# The edit loop: everything but the tests marked slow (end-to-end runs, subprocesses).
+# The edit loop: everything but the tests marked slow (end-to-end runs, subprocesses,
+# whole-model compiles). One package's tests: `.venv/bin/python -m pytest tests/attention`.
 test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "not slow" --ignore=tests/gpu tests
+
+# The whole suite, then each file's seconds written to tests/file_seconds.json: the order in
+# which conftest.py hands files to the workers (longest first). Run it after adding a long test.
+test-times: $(TEST_STAMP)
+	$(PYTEST) --junitxml=$(VENV)/test-times.xml --ignore=tests/gpu tests
+	$(PY) tests/record_file_seconds.py $(VENV)/test-times.xml
 
 # rope and bipe_rope; demo-all adds alibi and bipe_alibi (reusing the first two runs).
 demo: $(CORE_STAMP)

@@ -7,7 +7,7 @@ compiled program would need `jax.experimental.checkify` (a functionalised error 
 through the program, and a host round trip to raise it) on every step. Under jit an
 out-of-range token id is not checked: every `Transformer` logit of its row is NaN (Flax's
 embedding lookup fills out-of-range rows with NaN, and attention carries the NaN to every query
-of the row) and `bilevel_positions` treats it as no separator (tests/test_input_checks.py).
+of the row) and `bilevel_positions` treats it as no separator (tests/encodings/test_input_checks.py).
 """
 
 from __future__ import annotations

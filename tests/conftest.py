@@ -19,7 +19,7 @@ and writes without a lock: a process reading an entry another process is still w
 truncated file ("Error -5 while decompressing data"). With a size limit set the cache takes an
 fcntl file lock (`<cache>/.lockfile`, the `filelock` package, pinned in requirements-interop.txt
 which `make test` installs) around every read and write, so a reader waits for the writer to
-finish (tests/test_compilation_cache_lock.py shows both behaviours). The suite sets JAX_COMPILATION_CACHE_MAX_SIZE (a limit
+finish (tests/project/test_compilation_cache_lock.py shows both behaviours). The suite sets JAX_COMPILATION_CACHE_MAX_SIZE (a limit
 far above what it writes: nothing is evicted) in the environment that the workers and every
 subprocess inherit, so all of them use the lock. Since each store then lists the cache directory,
 only compiles of at least a second are stored (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1).
@@ -55,3 +55,25 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', CACHE_MAX_BYTES)
 
 # pylint: disable=wrong-import-position,unused-import
 from tests.fixtures import dirs, trained_rope_run, trained_run  # noqa: E402,F401
+
+FILE_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'file_seconds.json')
+
+
+def pytest_collection_modifyitems(config, items):
+  """Hands the test files to pytest-xdist's workers longest first (`--dist loadfile` gives out
+  whole files in collection order), so that the run does not end with one worker on a long
+  file while the other is idle. tests/file_seconds.json holds each file's seconds from a past
+  run (`make test-times` rewrites it); a file it does not list counts as a minute, so a new
+  file is scheduled early rather than last. Within a file the order is unchanged."""
+  del config
+  import json  # pylint: disable=g-import-not-at-top
+  try:
+    with open(FILE_SECONDS, encoding='utf-8') as f:
+      seconds = json.load(f)
+  except (OSError, ValueError):
+    return
+  rank = {}
+  for index, item in enumerate(items):
+    rank.setdefault(item.nodeid.split('::')[0], (-seconds.get(item.nodeid.split('::')[0], 60.0),
+                                                 index))
+  items.sort(key=lambda item: rank[item.nodeid.split('::')[0]])

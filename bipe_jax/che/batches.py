@@ -5,7 +5,7 @@ placeholder id is the task's input_size, one past its symbols), and the model's 
 read at the placeholders (Ruoss et al.'s `make_model_with_empty_targets`). Rows of different
 lengths share one padded shape [B, T_pad]: padding is marked invalid (no position, masked as a
 key) and its outputs are masked, so a row's logits do not depend on how far it is padded
-(tests/test_che.py checks it).
+(tests/che/test_che.py checks it).
 """
 
 from typing import Sequence

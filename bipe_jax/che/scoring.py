@@ -8,7 +8,7 @@ scores a subset says which: `lengths` is written beside the numbers).
 Compiles: rows are padded to a bucket of `bucket` tokens (and outputs to a bucket of `bucket`
 outputs), and rows of every length of a bucket share calls of `rows_per_call` rows, so the
 number of programs is the number of buckets, not of lengths. Padding changes no logit
-(batches.py; tests/test_che.py).
+(batches.py; tests/che/test_che.py).
 """
 
 import math

@@ -13,7 +13,7 @@ finite input the last, incomplete row is not emitted (logged, and kept in
 `dropped_tail_tokens`). Why not grain's `ConcatThenSplitIterDataset` (grain 0.2.18): measured,
 it gives the same rows and document ids (its segment ids minus one) at the same ~13k rows/s,
 but restoring its state did not reproduce the rows from 6 of the 31 states of the resume test
-in tests/test_data_packing.py, and exact resume is what this pipeline promises.
+in tests/data/test_data_packing.py, and exact resume is what this pipeline promises.
 
 Mixing (`mix_rows`): packed rows come out in document order, so a batch of consecutive rows is
 one or two documents (an embedded-corpus document is ~5k tokens, a PG-19 book ~100k), and

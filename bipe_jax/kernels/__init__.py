@@ -14,7 +14,7 @@
             (process_setup.py).
   auto      'cpu' when the devices the step runs on are CPU devices, else 'portable'.
 
-Both paths compute the same values and gradients up to float rounding (tests/test_kernels.py).
+Both paths compute the same values and gradients up to float rounding (tests/kernels/test_kernels.py).
 
 Who resolves 'auto': the trainer and the evaluation runs with the platform of their mesh's
 devices (`bipe_jax.platform_choices.config_for_mesh`): a program compiled on this CPU host for a TPU topology gets the

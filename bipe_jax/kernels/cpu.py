@@ -1,6 +1,6 @@
 """The CPU path (model.kernels='cpu', and 'auto' on CPU devices): the forms measured faster on
 this project's CPU host (benchmarks/README.md). Values and gradients equal the portable path's
-up to float rounding (tests/test_kernels.py). The function contract is in
+up to float rounding (tests/kernels/test_kernels.py). The function contract is in
 bipe_jax/kernels/__init__.py; CPU process set-up (devices, malloc) is in process_setup.py.
 """
 

@@ -4,5 +4,5 @@ file (run_logging), its segment statistics (position_stats), and a trained run r
 (restore: evaluation, generation, init_from, convert).
 
 Above state/, below training/: imports nothing from training/, compile/ or evaluation/
-(tests/test_import_structure.py).
+(tests/project/test_import_structure.py).
 """

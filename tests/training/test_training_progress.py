@@ -1,0 +1,107 @@
+"""What a person watching a run sees: the window-averaged loss and validation during training."""
+
+import json
+
+import numpy as np
+import pytest
+
+import bipe_jax.data as data_lib
+from bipe_jax.evaluation import perplexity
+from bipe_jax.runs import restore as runs_lib
+from bipe_jax import run_config
+from bipe_jax.training import progress
+from bipe_jax.training import trainer
+from configs import base
+from tests.data import test_data_builders as corpus
+
+
+def test_progress_line_shows_the_window_mean_loss(tmp_path, capsys):
+  logger = progress.ProgressLogger(str(tmp_path), total_steps=6, tokens_per_step=10,
+                                   flops_per_token=1.0, peak_flops=1e9, log_every=3,
+                                   enabled=True)
+  losses = [6.0, 5.0, 1.0, 4.0, 2.0, 3.0]
+  logged = [logger.record(s, {'loss': l, 'learning_rate': 1e-3})
+            for s, l in enumerate(losses, 1)]
+  logger.close()
+  assert [m is not None for m in logged] == [False, False, True, False, False, True]
+  assert logged[2]['loss'] == pytest.approx(4.0) and logged[2]['step_loss'] == 1.0
+  assert logged[5]['loss'] == pytest.approx(3.0) and logged[5]['step_loss'] == 3.0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith('step 3/6 | loss 4.0000 |') and out[1].startswith('step 6/6 | loss 3.0000')
+  rows = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert [(r['step'], r['loss'], r['loss_window_steps']) for r in rows] == [(3, 4.0, 3),
+                                                                          (6, 3.0, 3)]
+
+
+@pytest.fixture(scope='module')
+def folder_run(tmp_path_factory):
+  """A 4-step tiny run on a generated text folder with validation every 2 steps."""
+  root = tmp_path_factory.mktemp('validation')
+  corpus.write_corpus(root / 'texts', 24)
+  config = base.get_base_config()
+  config.data = corpus.folder_config(root / 'texts', root / 'data', tokenizer_vocab_size=320,
+                                     seq_len=16, num_threads=0, prefetch=0, shuffle_window=64)
+  m = config.model
+  m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.ffn_size = 320, 32, 2, 4, 64
+  m.max_intra = m.max_position = m.block_size = 16
+  t = config.train
+  t.steps, t.batch_size, t.log_every, t.warmup_steps = 4, 4, 2, 1
+  t.eval_every, t.eval_tokens = 2, 160
+  config.checkpoint.every_steps = 4
+  config.checkpoint.async_save = False
+  workdir = root / 'run'
+  trainer.train(config, str(workdir))
+  return config, workdir
+
+
+def test_validation_every_n_steps_on_a_fixed_slice(folder_run, capsys):
+  config, workdir = folder_run
+  rows = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  val = [r for r in rows if 'val_loss' in r]
+  assert [r['step'] for r in val] == [2, 4]
+  assert all(r['val_tokens'] == 150 for r in val)  # 10 blocks of 16: 15 targets each
+  assert val[1]['val_perplexity'] == pytest.approx(np.exp(val[1]['val_loss']))
+  # The same slice scored independently from the saved step-4 checkpoint.
+  run = runs_lib.load_run(str(workdir))
+  tokens, mask = data_lib.make_eval_blocks(config.data, 16, max_tokens=160)
+  with run.context():
+    want = perplexity.score_blocks(run.apply_fn(), run.params, tokens, mask, batch_size=4)
+  assert val[1]['val_loss'] == pytest.approx(want.nll, rel=1e-5)
+
+
+def test_a_slice_shorter_than_one_block_is_a_config_error(folder_run, tmp_path):
+  config, _ = folder_run
+  config = config.copy_and_resolve_references()
+  config.train.eval_tokens = 8
+  with pytest.raises(run_config.ConfigError, match='train.eval_tokens=8'):
+    trainer.train(config, str(tmp_path / 'bad'))
+
+
+@pytest.mark.parametrize('kind,platform,dtype,value,fragment', [
+    ('NVIDIA H100 80GB HBM3', 'gpu', 'bfloat16', 989e12, 'bfloat16 peak of NVIDIA H100'),
+    ('NVIDIA H200', 'gpu', 'float32', 494e12, 'float32 (TF32'),
+    ('NVIDIA A100-SXM4-80GB', 'gpu', 'bfloat16', 312e12, 'A100'),
+    ('TPU v4', 'tpu', 'bfloat16', 275e12, 'TPU v4'),
+    ('TPU v5 lite', 'tpu', 'bfloat16', 197e12, 'TPU v5 lite'),
+    ('TPU v5p', 'tpu', 'float32', 459e12, 'TPU v5p'),
+    ('TPU v6 lite', 'tpu', 'bfloat16', 918e12, 'TPU v6 lite'),
+    ('cpu', 'cpu', 'float32', 2.0e11, 'per host'),
+])
+def test_mfu_peak_by_device_kind(kind, platform, dtype, value, fragment):
+  from bipe_jax.training import flops  # pylint: disable=g-import-not-at-top
+  peak, source = flops.peak_flops_per_device(kind, platform, dtype)
+  assert peak == value and fragment in source
+  assert flops.peak_flops_per_device(kind, platform, dtype, 5e12) == (
+      5e12, '5e+12 FLOP/s per device (train.peak_flops_per_device)')
+
+
+def test_unknown_accelerator_reports_no_mfu(tmp_path):
+  from bipe_jax.training import flops  # pylint: disable=g-import-not-at-top
+  peak, source = flops.peak_flops_per_device('Some NPU', 'npu', 'bfloat16')
+  assert peak == 0 and 'MFU not reported' in source
+  logger = progress.ProgressLogger(str(tmp_path), total_steps=2, tokens_per_step=10,
+                                   flops_per_token=1.0, peak_flops=peak, log_every=1,
+                                   enabled=False)
+  logger.record(1, {'loss': 1.0, 'learning_rate': 1e-3})
+  metrics = logger.record(2, {'loss': 1.0, 'learning_rate': 1e-3})
+  assert 'mfu' not in metrics and 'MFU' not in progress.format_line(2, 2, metrics)
