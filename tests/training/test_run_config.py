@@ -21,8 +21,9 @@ from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.state import optimizer
 from bipe_jax.training import resolve as resolve_lib
 from bipe_jax.training import setup as setup_lib
+from tests import fixtures
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = fixtures.ROOT
 PRESETS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, 'configs'))
                  if n.endswith('.py') and n not in ('__init__.py', 'base.py'))
 
