@@ -235,9 +235,7 @@ def _fused_impl(impl: str, implementation: Optional[str]) -> Callable[..., jax.A
 
   def attend(q_BxHxQxDh: jax.Array, k_BxGxKxDh: jax.Array, v_BxGxKxDh: jax.Array, *,
              mask: AttentionMask, bias_fn: Optional[BiasFn] = None,
-             transform_fn: Optional[TransformFn] = None, q_streams: Any = None,
-             k_streams: Any = None, **kwargs) -> jax.Array:
-    del q_streams, k_streams
+             transform_fn: Optional[TransformFn] = None, **kwargs) -> jax.Array:
     if bias_fn is not None or transform_fn is not None or mask.mask_fn is not None:
       raise ValueError(f"attention_impl={impl!r} supports no bias_fn, score transform or "
                        "mask_fn (encodings without bias, and the ALiBi family through a per-key "
