@@ -200,8 +200,8 @@ def test_pallas_forward_is_costed_on_tpu():
 
   def attend(q, k, v):
     return pallas.pallas_attention(q, k, v, mask=AttentionMask.causal_from_positions(pos),
-                                   tile_bias=pallas.TileBias('none'), bias_params_HxP=None, block_q=128, block_k=128,
-                                   interpret=False)
+                                   tile_bias=pallas.TileBias('none'), bias_params_HxP=None,
+                                   block_q=128, block_k=128, interpret=False)
 
   shape = jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16,
                                sharding=jax.sharding.SingleDeviceSharding(device))
