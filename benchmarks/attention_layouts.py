@@ -87,7 +87,8 @@ def _library_variants(block_size: int) -> dict[str, tuple[str, Callable]]:
     def f(q, k, v):
       b, _, t, dh = q.shape
       pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-      return fn(q, k, v, q_pos=pos, k_pos=pos, scale=dh ** -0.5, **kw)
+      mask = attention.AttentionMask.causal_from_positions(pos)
+      return fn(q, k, v, mask=mask, scale=dh ** -0.5, **kw)
     return f
 
   out = {'bipe_jax.attention.dense_attention': ('bhqd', call(attention.dense_attention))}

@@ -27,8 +27,8 @@ def temporaries_mib(length: int, *, scanned: bool, causal: bool, gradient: bool,
   positions = jnp.arange(length)[None]
 
   def attend(x):
-    return attention.blockwise_attention(x, x * 0.5, x * 0.25, q_pos=positions, k_pos=positions,
-                                         block_size=block, causal=causal)
+    mask = attention.AttentionMask(q_pos=positions, k_pos=positions, causal=causal)
+    return attention.blockwise_attention(x, x * 0.5, x * 0.25, mask=mask, block_size=block)
 
   def loss(x):
     if scanned:

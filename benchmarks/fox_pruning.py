@@ -68,7 +68,8 @@ def main(argv=None) -> None:
       def step(prune, q=q, k=k, v=v, c_streams=c_streams):
         def loss(q, k, v, c):
           out = attention.blockwise_attention(
-              q, k, v, q_pos=pos, k_pos=pos, q_streams=c, k_streams=c, bias_fn=fox.fox_bias,
+              q, k, v, mask=attention.AttentionMask.causal_from_positions(pos), q_streams=c,
+              k_streams=c, bias_fn=fox.fox_bias,
               block_size=args.block_size,
               block_prune=fox.block_prune(args.log_tolerance) if prune else None)
           return jnp.sum(out * out)

@@ -90,12 +90,13 @@ def compile_kernel(impl: str, length: int, topology: str, heads: int = 12, head_
   def loss(q, k, v, inter):
     if impl == 'pallas':
       out = pallas.pallas_attention(
-          q, k, v, q_pos=pos(), k_pos=pos(), q_streams=inter, k_streams=inter,
-          tile_bias=pallas.TileBias('alibi'), bias_params_HxP=jnp.asarray(96 * slopes)[:, None],
-          block_q=block, block_k=block)
+          q, k, v, mask=attention.AttentionMask.causal_from_positions(pos()), q_streams=inter,
+          k_streams=inter, tile_bias=pallas.TileBias('alibi'),
+          bias_params_HxP=jnp.asarray(96 * slopes)[:, None], block_q=block, block_k=block)
     else:
       out = attention.blockwise_attention(
-          q, k, v, q_pos=pos(), k_pos=pos(), q_streams=inter, k_streams=inter, block_size=block,
+          q, k, v, mask=attention.AttentionMask.causal_from_positions(pos()), q_streams=inter,
+          k_streams=inter, block_size=block,
           bias_fn=functools.partial(alibi.alibi_bias, slopes_H=slopes, slope_factor=96.0))
     return jnp.sum(out.astype(jnp.float32) ** 2)
 

@@ -340,7 +340,15 @@ class Attention(nn.Module):
       impl = 'dense'
       qe = cope.CopeEmbedding(cfg.cope_positions, name='cope')(q)
       transform_fn = cope.cope_transform(qe, 1.0 / math.sqrt(dh))
-    kwargs = dict(q_pos=q_side.index, k_pos=k_side.index, transform_fn=transform_fn)
+    if not cfg.causal and self.decode:  # encoder mode (config validation refuses the rest)
+      raise ValueError('model.causal=False (encoder mode) cannot decode: use a full forward.')
+    documents = cfg.mask_across_documents
+    mask = attention_lib.AttentionMask(
+        q_pos=q_side.index, k_pos=k_side.index,
+        k_valid=k_side.valid if cfg.pad_id >= 0 or self.mask_keys else None,
+        q_document=q_side.document if documents else None,
+        k_document=k_side.document if documents else None, causal=cfg.causal)
+    kwargs = dict(mask=mask, transform_fn=transform_fn)
     if impl in attention_lib.FUSED_IMPLS and scheme.bias == 'alibi':
       # ALiBi as a per-key bias (alibi.alibi_key_bias: equal after the softmax)
       kwargs.update(key_bias_BxHx1xK=alibi.alibi_key_bias(
@@ -366,18 +374,10 @@ class Attention(nn.Module):
         bias_fn = two_sided.two_sided_bias(bias_fn)
       kwargs.update(bias_fn=bias_fn, q_streams=q_side.stream(scheme.bias_stream),
                     k_streams=k_side.stream(scheme.bias_stream))
-    if cfg.pad_id >= 0 or self.mask_keys:
-      kwargs.update(k_valid=k_side.valid)
-    if cfg.mask_across_documents:
-      kwargs.update(q_document=q_side.document, k_document=k_side.document)
     if impl == 'blockwise':
       kwargs.update(block_size=cfg.block_size, transform_halo=halo)
     if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
       kwargs.update(plain_causal=True)
-    if not cfg.causal:  # encoder mode (config validation refuses the paths that cannot)
-      if self.decode:
-        raise ValueError('model.causal=False (encoder mode) cannot decode: use a full forward.')
-      kwargs.update(causal=False)
     if impl in ('dense', 'blockwise'):  # blockwise of one block is dense attention
       kwargs.update(kernels=cfg.kernels)
     attend = attention_lib.attention_fn(impl)

@@ -34,10 +34,12 @@ CONTEXT_AXIS = 'context'
 _ROW_AXES = ('data', 'fsdp')  # the batch axes (state/mesh.py BATCH_AXES)
 _HEAD_AXIS = 'tensor'
 
-# Keyword arguments of the attention functions (attention.py) by the axis that holds their
-# sequence: query-side ones stay local, key-side ones are gathered over the context axis.
-_QUERY_SIDE = ('q_pos', 'q_streams', 'q_document')
-_KEY_SIDE = ('k_pos', 'k_streams', 'k_valid', 'k_document', 'k_in_range')
+# Keyword arguments of the attention functions (core.py) by the axis that holds their
+# sequence: query-side ones stay local, key-side ones are gathered over the context axis; the
+# mask (an AttentionMask) holds both sides.
+_QUERY_SIDE = ('q_streams',)
+_KEY_SIDE = ('k_streams',)
+_MASK = 'mask'
 _KEY_BIAS = 'key_bias_BxHx1xK'  # [B, H, 1, K]: keys on axis 3
 
 
@@ -111,11 +113,12 @@ def global_positions(tokens_BxT: jax.Array, separator_table_V, *, document_start
 def gathered_kv_attention(attend: Callable[..., jax.Array], q_BxHxTxDh: jax.Array,
                           k_BxGxTxDh: jax.Array, v_BxGxTxDh: jax.Array,
                           **kwargs: Any) -> jax.Array:
-  """`attend(q, k, v, **kwargs)` (an attention.py function) with T sharded over the context
+  """`attend(q, k, v, **kwargs)` (a core.py function) with T sharded over the context
   axis: each shard attends its own queries to the all-gathered keys and values.
 
-  Array arguments named in `_QUERY_SIDE` / `_KEY_SIDE` are [B, T, ...] position slices (any
-  pytree); `key_bias_BxHx1xK` is gathered on its key axis; callables and static values pass
+  `mask` (AttentionMask, arrays [B, T]) and the streams named in `_QUERY_SIDE` / `_KEY_SIDE`
+  ([B, T, ...], any pytree) are position slices: their key side is gathered, their query side
+  stays local; `key_bias_BxHx1xK` is gathered on its key axis; callables and static values pass
   through (parameters they close over are replicated). Returns [B, H, T, Dh], sharded like q.
   """
   mesh = _mesh()
@@ -123,8 +126,8 @@ def gathered_kv_attention(attend: Callable[..., jax.Array], q_BxHxTxDh: jax.Arra
   g = k_BxGxTxDh.shape[1]
   rows = _axes_dividing(mesh, _ROW_AXES, b)
   heads = _axes_dividing(mesh, (_HEAD_AXIS,), h, g)
-  arrays = {n: x for n, x in kwargs.items() if n in _QUERY_SIDE + _KEY_SIDE + (_KEY_BIAS,)
-            and x is not None}
+  arrays = {n: x for n, x in kwargs.items()
+            if n in _QUERY_SIDE + _KEY_SIDE + (_MASK, _KEY_BIAS) and x is not None}
   static = {n: x for n, x in kwargs.items() if n not in arrays}
   for n in ('batch_axes', 'head_axes'):  # the Pallas kernels' own per-device mapping: this
     if n in static:                      # shard_map already runs per device
@@ -140,6 +143,8 @@ def gathered_kv_attention(attend: Callable[..., jax.Array], q_BxHxTxDh: jax.Arra
     for n, x in arrays.items():
       if n == _KEY_BIAS:
         gathered[n] = gather(x, 3)
+      elif n == _MASK:
+        gathered[n] = x.map_keys(lambda y: gather(y, 1))
       elif n in _KEY_SIDE:
         gathered[n] = jax.tree.map(lambda y: gather(y, 1), x)
       else:

@@ -5,7 +5,7 @@ Layout is [B, H, T, Dh] throughout (benchmarks/attention_layouts.py: 3x faster o
 GQA: keys / values have G heads, G divides H; query head h reads KV head h // (H // G)
 (the Hugging Face `repeat_kv` order).
 
-Three implementations share one contract:
+The implementations share one contract:
   dense_attention      one block: the whole [B, H, Q, K] score matrix.
   blockwise_attention  flash-style online softmax over key blocks, inside a scan over query
                        blocks; blocks entirely above the causal diagonal are skipped
@@ -21,27 +21,35 @@ Three implementations share one contract:
                        per tile from a bias kind and its per-head parameters (`tile_bias`,
                        `bias_params_HxP`) instead of a bias_fn; linear memory in both passes.
 
-Positions. `q_pos` [B, Q] / `k_pos` [B, K] are the CAUSAL indices (the index of the token in its
-row, or the cache slot while decoding): key k is visible to query q iff k_pos <= q_pos. The
-positional streams an encoding reads (token, inter, ...) travel separately as `q_streams` /
-`k_streams`: any pytree of arrays whose two leading axes are [B, Q] / [B, K]; they are sliced
-per block and handed to the callbacks (when None, the callbacks receive q_pos / k_pos).
+The mask. Every implementation takes `mask: AttentionMask` (attention/mask.py), one value for
+which (query, key) pairs may attend:
+  q_pos [B, Q] / k_pos [B, K]   CAUSAL indices (the token's index in its row, or the cache slot
+                                while decoding); with `causal` (static, default True) key k is
+                                visible to query q iff k_pos <= q_pos;
+  k_valid [B, K] | None         False for padding keys;
+  q_document / k_document       [B, Q] / [B, K] ids: no attention across packed documents;
+  mask_fn | None                mask_fn(q_streams, k_streams) -> bool [B or 1, q, k] for anything
+                                else (static; dense and blockwise only).
+Masks are applied AFTER the transform, so nothing of a masked pair reaches the softmax. The
+common case is `AttentionMask.causal_from_positions(q_pos, k_pos)`.
+
+Streams. The positional streams an encoding reads (token, inter, ...) travel separately as
+`q_streams` / `k_streams`: any pytree of arrays whose two leading axes are [B, Q] / [B, K]; they
+are sliced per block and handed to the callbacks (when None, the callbacks receive q_pos /
+k_pos).
 
 Callbacks:
   bias_fn(q_streams, k_streams) -> [B or 1, H, q, k] float32 additive bias.
   transform_fn(scores, bias, q_pos, k_pos, k_in_range) -> adapted scores [B, H, q, k]
     (DAPE). scores = q.k * scale in float32 [B, H, q, k]; bias as returned by bias_fn or None;
-    q_pos [B, q], k_pos [B, k] causal indices; k_in_range [B, k] bool, False for keys outside
-    [0, K) and for padding keys (`k_valid` False): the zero padding of a convolution over keys,
-    so left padding is invisible to DAPE V2 as it is to the positions. When a transform is given the bias is NOT
-    added by the attention: the transform returns the final logits (DAPE: S + B + f([S; B])).
+    q_pos [B, q], k_pos [B, k] the mask's causal indices; k_in_range [B, k] bool, False for
+    keys outside [0, K) and for padding keys (mask.k_valid False): the zero padding of a
+    convolution over keys, so left padding is invisible to DAPE V2 as it is to the positions.
+    When a transform is given the bias is NOT added by the attention: the transform returns
+    the final logits (DAPE: S + B + f([S; B])).
     `transform_halo` (blockwise only) = extra keys the transform needs on each side of a key
     block (DAPE V2 with kernel k: 2 * (k // 2)); the block's keys are widened by the halo,
     transformed, then cropped.
-Masks (applied AFTER the transform, so nothing of a masked pair reaches the softmax):
-  causal (k_pos <= q_pos), `k_valid` [B, K] (padding), `q_document` / `k_document` [B, Q] /
-  [B, K] (no attention across packed documents), and `mask_fn(q_streams, k_streams)` ->
-  bool [B or 1, q, k] for anything else.
 Softmax runs in float32; a query row with no visible key returns zeros (not NaN).
 """
 
@@ -58,17 +66,17 @@ from bipe_jax.kernels.gqa_products import NEG_INF
 from bipe_jax.kernels.gqa_products import attention_scores
 from bipe_jax.kernels.gqa_products import weighted_values
 from bipe_jax.attention.blocks import block_logits as _block_logits
-from bipe_jax.attention.blocks import visible as _visible
+from bipe_jax.attention.mask import AttentionMask
 
 BiasFn = Callable[[Any, Any], jax.Array]
 TransformFn = Callable[..., jax.Array]
-MaskFn = Callable[[Any, Any], jax.Array]
 
 ATTENTION_IMPLS = attention_support.ATTENTION_IMPLS
 FUSED_IMPLS = attention_support.FUSED_IMPLS
 
 
-def _check_shapes(q, k, v, q_pos, k_pos):
+def _check_shapes(q, k, v, mask: AttentionMask):
+  """ValueError unless q [B, H, Q, Dh], k = v [B, G, K, Dh] (G divides H) and `mask` fits."""
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError(f'q, k, v must be [B, H, T, Dh]; got {q.shape}, {k.shape}, {v.shape}.')
   b, h, nq, d = q.shape
@@ -78,9 +86,7 @@ def _check_shapes(q, k, v, q_pos, k_pos):
   g = k.shape[1]
   if h % g:
     raise ValueError(f'query heads ({h}) must be a multiple of KV heads ({g}).')
-  if q_pos.shape != (b, nq) or k_pos.shape != (b, k.shape[2]):
-    raise ValueError(f'q_pos must be [B, Q]={b, nq} and k_pos [B, K]={b, k.shape[2]}; '
-                     f'got {q_pos.shape} and {k_pos.shape}.')
+  mask.check(b, nq, k.shape[2])
 
 
 def _check_streams(q_streams, k_streams):
@@ -92,45 +98,33 @@ def dense_attention(q_BxHxQxDh: jax.Array,
                     k_BxGxKxDh: jax.Array,
                     v_BxGxKxDh: jax.Array,
                     *,
-                    q_pos: jax.Array,
-                    k_pos: jax.Array,
+                    mask: AttentionMask,
                     q_streams: Any = None,
                     k_streams: Any = None,
                     bias_fn: Optional[BiasFn] = None,
                     transform_fn: Optional[TransformFn] = None,
-                    k_valid: Optional[jax.Array] = None,
-                    q_document: Optional[jax.Array] = None,
-                    k_document: Optional[jax.Array] = None,
-                    mask_fn: Optional[MaskFn] = None,
-                    causal: bool = True,
                     scale: Optional[float] = None,
-                    k_in_range: Optional[jax.Array] = None,
                     kernels: str = 'auto') -> jax.Array:
   """Attention over the full [Q, K] score matrix; returns [B, H, Q, Dh] in q's dtype.
 
-  See the module docstring for the arguments. `k_in_range` [B, K] (default all True) tells a
-  transform which keys are real; the model's KV cache uses it for slots past its length.
+  See the module docstring for the arguments (mask: q_pos [B, Q], k_pos [B, K], ...).
   Without a transform, the softmax core is the `kernels` path's (bipe_jax.kernels: 'auto' |
   'portable' | 'cpu').
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
-  _check_shapes(q, k, v, q_pos, k_pos)
+  _check_shapes(q, k, v, mask)
   _check_streams(q_streams, k_streams)
-  if (q_document is None) != (k_document is None):
-    raise ValueError('q_document and k_document must be given together.')
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if q_streams is None:
-    q_streams, k_streams = q_pos, k_pos
-  vis = _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, mask_fn, q_streams,
-                 k_streams)
+    q_streams, k_streams = mask.q_pos, mask.k_pos
+  vis = mask.visible(q_streams, k_streams)
   if transform_fn is None:
     bias = None if bias_fn is None else bias_fn(q_streams, k_streams).astype(jnp.float32)
     core = kernels_lib.select(kernels).softmax_attention
     return core(q * jnp.asarray(scale, q.dtype), k, v, bias, vis).astype(q.dtype)
-  if k_in_range is None:  # padding keys count as outside the row for a key-axis transform
-    k_in_range = jnp.ones(k_pos.shape, bool) if k_valid is None else k_valid
-  logits = _block_logits(q, k, q_pos, k_pos, q_streams, k_streams, k_in_range, scale=scale,
-                         bias_fn=bias_fn, transform_fn=transform_fn)
+  # padding keys count as outside the row for a key-axis transform (mask.keys_in_range)
+  logits = _block_logits(q, k, mask, q_streams, k_streams, scale=scale, bias_fn=bias_fn,
+                         transform_fn=transform_fn)
   logits = jnp.where(vis, logits, NEG_INF)
   # The softmax does not depend on the shift m: stopping its gradient is exact and saves the
   # select-scatter that differentiating max costs over [B, H, Q, K].
@@ -145,18 +139,12 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
                         k_BxGxKxDh: jax.Array,
                         v_BxGxKxDh: jax.Array,
                         *,
-                        q_pos: jax.Array,
-                        k_pos: jax.Array,
+                        mask: AttentionMask,
                         q_streams: Any = None,
                         k_streams: Any = None,
                         bias_fn: Optional[BiasFn] = None,
                         transform_fn: Optional[TransformFn] = None,
                         transform_halo: int = 0,
-                        k_valid: Optional[jax.Array] = None,
-                        q_document: Optional[jax.Array] = None,
-                        k_document: Optional[jax.Array] = None,
-                        mask_fn: Optional[MaskFn] = None,
-                        causal: bool = True,
                         scale: Optional[float] = None,
                         block_size: int = 128,
                         kernels: str = 'auto',
@@ -176,15 +164,13 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
 
   `transform_halo`: see the module docstring (DAPE V2 needs 2 * (kernel // 2)).
   `kernels`: the backend path of the one-block case (`dense_attention`'s softmax core).
-  `block_prune`: skip key blocks whose bias bound is below a threshold (flash_attention.py;
+  `block_prune`: skip key blocks whose bias bound is below a threshold (flash.py;
   FoX's pruning, encodings/fox.py); the one-block case prunes nothing.
   Returns [B, H, Q, Dh] in q's dtype.
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
-  _check_shapes(q, k, v, q_pos, k_pos)
+  _check_shapes(q, k, v, mask)
   _check_streams(q_streams, k_streams)
-  if (q_document is None) != (k_document is None):
-    raise ValueError('q_document and k_document must be given together.')
   if block_size <= 0:
     raise ValueError(f'block_size must be positive, got {block_size}.')
   if transform_halo < 0:
@@ -192,29 +178,22 @@ def blockwise_attention(q_BxHxQxDh: jax.Array,
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   if q.shape[2] <= block_size and k.shape[2] <= block_size:
     # One block: exactly the dense computation, without the scan / remat overhead.
-    return dense_attention(q, k, v, q_pos=q_pos, k_pos=k_pos, q_streams=q_streams,
-                           k_streams=k_streams, bias_fn=bias_fn, transform_fn=transform_fn,
-                           k_valid=k_valid, q_document=q_document, k_document=k_document,
-                           mask_fn=mask_fn, causal=causal, scale=scale, kernels=kernels)
+    return dense_attention(q, k, v, mask=mask, q_streams=q_streams, k_streams=k_streams,
+                           bias_fn=bias_fn, transform_fn=transform_fn, scale=scale,
+                           kernels=kernels)
   if q_streams is None:
-    q_streams, k_streams = q_pos, k_pos
+    q_streams, k_streams = mask.q_pos, mask.k_pos
   return flash_attention.flash_blockwise_attention(
-      q, k, v, q_pos=q_pos, k_pos=k_pos, q_streams=q_streams, k_streams=k_streams,
-      bias_fn=bias_fn, transform_fn=transform_fn, transform_halo=transform_halo,
-      k_valid=k_valid, q_document=q_document, k_document=k_document, mask_fn=mask_fn,
-      causal=causal, scale=scale, block_size=block_size, block_prune=block_prune)
+      q, k, v, mask=mask, q_streams=q_streams, k_streams=k_streams, bias_fn=bias_fn,
+      transform_fn=transform_fn, transform_halo=transform_halo, scale=scale,
+      block_size=block_size, block_prune=block_prune)
 
 
 def fused_attention(q_BxHxQxDh: jax.Array,
                     k_BxGxKxDh: jax.Array,
                     v_BxGxKxDh: jax.Array,
                     *,
-                    q_pos: jax.Array,
-                    k_pos: jax.Array,
-                    k_valid: Optional[jax.Array] = None,
-                    q_document: Optional[jax.Array] = None,
-                    k_document: Optional[jax.Array] = None,
-                    causal: bool = True,
+                    mask: AttentionMask,
                     scale: Optional[float] = None,
                     plain_causal: bool = False,
                     key_bias_BxHx1xK: Optional[jax.Array] = None,
@@ -222,25 +201,28 @@ def fused_attention(q_BxHxQxDh: jax.Array,
   """`jax.nn.dot_product_attention` in our layout and mask conventions (no bias_fn /
   transform; an optional per-key bias [B or 1, H, 1, K] added to every query's logits).
 
-  `plain_causal=True` is the caller's promise that q_pos = k_pos = 0..T-1 in every row (the
-  model's training forward): then, when no padding / document mask applies, the fused kernel
-  gets `is_causal=True` and no [Q, K] mask is built. Otherwise an explicit boolean mask is built
-  from the positions. `implementation`: None (XLA on CPU, cuDNN on GPU where it applies) |
-  'xla' | 'cudnn'.
+  `plain_causal=True` is the caller's promise that mask.q_pos = mask.k_pos = 0..T-1 in every
+  row (the model's training forward): then, when nothing but causality masks
+  (`mask.only_causal`), the fused kernel gets `is_causal=True` and no [Q, K] mask is built.
+  Otherwise an explicit boolean mask [B, 1, Q, K] is built from the mask (which may not carry a
+  mask_fn: there are no streams here). `implementation`: None (XLA on CPU, cuDNN on GPU where it
+  applies) | 'xla' | 'cudnn'.
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
-  _check_shapes(q, k, v, q_pos, k_pos)
+  _check_shapes(q, k, v, mask)
+  if mask.mask_fn is not None:
+    raise ValueError('fused attention takes no mask.mask_fn (it has no streams to give it); '
+                     "use 'blockwise' or 'dense'.")
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
   to_bthd = lambda x: jnp.swapaxes(x, 1, 2)
   bias = None if key_bias_BxHx1xK is None else key_bias_BxHx1xK.astype(q.dtype)
-  plain = (plain_causal and causal and k_valid is None and q_document is None and
-           q.shape[2] == k.shape[2])
+  plain = plain_causal and mask.only_causal and q.shape[2] == k.shape[2]
   if plain:
     out = jax.nn.dot_product_attention(to_bthd(q), to_bthd(k), to_bthd(v), bias=bias,
                                        scale=scale, is_causal=True,
                                        implementation=implementation)
   else:
-    vis = _visible(q_pos, k_pos, causal, k_valid, q_document, k_document, None, None, None)
+    vis = mask.visible(None, None)
     out = jax.nn.dot_product_attention(to_bthd(q), to_bthd(k), to_bthd(v), bias=bias, mask=vis,
                                        scale=scale, implementation=implementation)
   return jnp.swapaxes(out, 1, 2)
@@ -248,15 +230,13 @@ def fused_attention(q_BxHxQxDh: jax.Array,
 
 def _fused_impl(impl: str, implementation: Optional[str]) -> Callable[..., jax.Array]:
   """attention_impl=`impl` ('fused' | 'cudnn'): `fused_attention` with `implementation`, after
-  checking that no bias_fn, score transform or mask_fn is asked for (ValueError otherwise) and,
-  for cuDNN, that the backend is a GPU."""
+  checking that no bias_fn, score transform or mask.mask_fn is asked for (ValueError otherwise)
+  and, for cuDNN, that the backend is a GPU."""
 
   def attend(q_BxHxQxDh: jax.Array, k_BxGxKxDh: jax.Array, v_BxGxKxDh: jax.Array, *,
-             bias_fn: Optional[BiasFn] = None, transform_fn: Optional[TransformFn] = None,
-             q_streams: Any = None, k_streams: Any = None, mask_fn: Optional[MaskFn] = None,
-             **kwargs) -> jax.Array:
-    del q_streams, k_streams
-    if bias_fn is not None or transform_fn is not None or mask_fn is not None:
+             mask: AttentionMask, bias_fn: Optional[BiasFn] = None,
+             transform_fn: Optional[TransformFn] = None, **kwargs) -> jax.Array:
+    if bias_fn is not None or transform_fn is not None or mask.mask_fn is not None:
       raise ValueError(f"attention_impl={impl!r} supports no bias_fn, score transform or "
                        "mask_fn (encodings without bias, and the ALiBi family through a per-key "
                        "bias); use 'blockwise' or 'dense' for this encoding.")
@@ -264,9 +244,8 @@ def _fused_impl(impl: str, implementation: Optional[str]) -> Callable[..., jax.A
     if implementation == 'cudnn' and backend != 'gpu':
       raise ValueError(f"attention_impl='cudnn' needs a CUDA GPU, but the JAX backend is "
                        f"'{backend}'; use attention_impl='fused', 'blockwise' or 'dense'.")
-    kwargs.pop('k_in_range', None)
-    return fused_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, implementation=implementation,
-                           **kwargs)
+    return fused_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, mask=mask,
+                           implementation=implementation, **kwargs)
 
   attend.__name__ = f'{impl}_attention'
   return attend
@@ -280,20 +259,18 @@ cudnn_attention = _fused_impl('cudnn', 'cudnn')
 
 def _tile_bias_impl(impl: str) -> Callable[..., jax.Array]:
   """attention_impl=`impl` ('pallas': the TPU kernel, 'pallas_gpu': the GPU one): the bias as
-  `tile_bias` / `bias_params_HxP`; ValueError for a bias_fn, score transform or mask_fn."""
+  `tile_bias` / `bias_params_HxP`; ValueError for a bias_fn, score transform or mask.mask_fn."""
 
   def attend(q_BxHxQxDh: jax.Array, k_BxGxKxDh: jax.Array, v_BxGxKxDh: jax.Array, *,
-             bias_fn: Optional[BiasFn] = None, transform_fn: Optional[TransformFn] = None,
-             mask_fn: Optional[MaskFn] = None, k_in_range: Optional[jax.Array] = None,
-             **kwargs) -> jax.Array:
-    del k_in_range  # no transform, so only k_valid matters
-    if bias_fn is not None or transform_fn is not None or mask_fn is not None:
+             mask: AttentionMask, bias_fn: Optional[BiasFn] = None,
+             transform_fn: Optional[TransformFn] = None, **kwargs) -> jax.Array:
+    if bias_fn is not None or transform_fn is not None or mask.mask_fn is not None:
       raise ValueError(f"attention_impl={impl!r} takes the bias as tile_bias / bias_params_HxP "
                        "(ALiBi, Kerple, T5 or none), not a bias_fn, score transform or mask_fn; "
                        "use 'blockwise' or 'dense' for this encoding.")
     from bipe_jax.attention import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
     kernel = pallas.pallas_attention if impl == 'pallas' else pallas.pallas_gpu_attention
-    return kernel(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
+    return kernel(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, mask=mask, **kwargs)
 
   attend.__name__ = f'{impl}_attention'
   return attend

@@ -1,7 +1,7 @@
 """Blockwise attention with a flash-style backward pass: training memory linear in T.
 
 `flash_blockwise_attention` is the body of `attention.blockwise_attention` for problems larger
-than one block (same arguments and contract: see attention.py's module docstring).
+than one block (same arguments and contract: see core.py's module docstring).
 
 Forward. Query blocks are a `lax.scan`; inside each, a `lax.scan` over key blocks keeps the
 running max / normaliser / weighted sum (online softmax) and skips, with `lax.cond`, every key
@@ -42,12 +42,13 @@ are accumulated block by block (query side beside dQ, key side beside dK; O(T)).
 """
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from bipe_jax.attention import blocks
+from bipe_jax.attention.mask import AttentionMask
 from bipe_jax.kernels.gqa_products import NEG_INF
 
 _F32 = jnp.float32
@@ -100,12 +101,10 @@ def _merge_floats(others, floats, treedef):
   return jax.tree.unflatten(treedef, [next(floats) if x is None else x for x in others])
 
 
-def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array,
-                              k_pos: jax.Array, q_streams: Any, k_streams: Any, bias_fn,
-                              transform_fn, transform_halo: int, k_valid: Optional[jax.Array],
-                              q_document: Optional[jax.Array],
-                              k_document: Optional[jax.Array], mask_fn, causal: bool,
-                              scale: float, block_size: int, block_prune=None) -> jax.Array:
+def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: AttentionMask,
+                              q_streams: Any, k_streams: Any, bias_fn, transform_fn,
+                              transform_halo: int, scale: float, block_size: int,
+                              block_prune=None) -> jax.Array:
   """Blockwise attention [B, H, Q, Dh] (q's dtype) with the linear-memory backward.
 
   Arguments are those of `attention.blockwise_attention`, already checked; q_streams /
@@ -124,78 +123,68 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
   # Queries: pad the tail; padded rows see nothing and are cropped at the end.
   q_tail = nqb * bq - nq_tok
   q_p = blocks.pad_axis(q, 2, 0, q_tail, 0)
-  q_pos_p = blocks.pad_axis(q_pos.astype(jnp.int32), 1, 0, q_tail, blocks.QPOS_PAD)
   q_streams_p = jax.tree.map(lambda x: blocks.pad_axis(x, 1, 0, q_tail, 0), q_streams)
-  q_doc_p = None if q_document is None else blocks.pad_axis(q_document, 1, 0, q_tail, -1)
 
   # Keys: `halo` on the left, halo + tail on the right; padded keys are out of range.
   k_tail = nkb * bk - nk_tok
-  kpad = lambda x, value: blocks.pad_axis(x, 1 if x.ndim < 4 else 2, halo, halo + k_tail, value)
-  k_p, v_p = kpad(k, 0), kpad(v, 0)
-  k_pos_p = kpad(k_pos.astype(jnp.int32), blocks.POS_PAD)
-  k_in_range_p = kpad(jnp.ones((b, nk_tok), bool), False)
-  k_valid_p = k_in_range_p if k_valid is None else kpad(k_valid, False)
+  k_p, v_p = (blocks.pad_axis(x, 2, halo, halo + k_tail, 0) for x in (k, v))
   k_streams_p = jax.tree.map(lambda x: blocks.pad_axis(x, 1, halo, halo + k_tail, 0), k_streams)
-  k_doc_p = None if k_document is None else kpad(k_document, -2)
+  mask_p = mask.pad(q_tail, halo, halo + k_tail)
 
-  # The positions, streams and masks travel as explicit (non-differentiated) arguments of the
-  # custom VJP below, never as closed-over values: closed-over tracers of an enclosing
-  # transformation (nn.scan over layers, shard_map) would leak into the backward pass.
-  # Float streams are differentiable inputs (`fs`); the side keeps the others.
+  # The mask and streams travel as explicit (non-differentiated) arguments of the custom VJP
+  # below, never as closed-over values: closed-over tracers of an enclosing transformation
+  # (nn.scan over layers, shard_map) would leak into the backward pass. Float streams are
+  # differentiable inputs (`fs`); the side keeps the others.
   q_other, q_floats, q_def = _split_floats(q_streams_p)
   k_other, k_floats, k_def = _split_floats(k_streams_p)
-  side = dict(q_pos=q_pos_p, q_streams=q_other, q_doc=q_doc_p, k_pos=k_pos_p,
-              k_streams=k_other, k_valid=k_valid_p, k_doc=k_doc_p)
+  side = dict(mask=mask_p, q_streams=q_other, k_streams=k_other)
   side = jax.tree.map(functools.partial(_tied_to, q_p), side)
   fs = jax.tree.map(functools.partial(_tied_to, q_p), dict(q=q_floats, k=k_floats))
 
   def q_block(side, i, q_fl):
-    """The side data of query block i, with its slices `q_fl` of the float streams."""
+    """Query block i: its mask (over all keys) and streams, with its slices `q_fl` of the
+    float streams."""
     sl = lambda x: blocks.slice_block(x, i * bq, bq, 1)
     streams = _merge_floats(jax.tree.map(sl, side['q_streams']), q_fl, q_def)
-    return dict(pos=sl(side['q_pos']), streams=streams,
-                doc=None if side['q_doc'] is None else sl(side['q_doc']))
+    return dict(mask=side['mask'].slice_queries(i * bq, bq), streams=streams)
 
-  def k_block(side, j, k_fl_ext):
-    """The side data of key block j: widened by the halo ('_ext') and cropped; `k_fl_ext` are
-    the float streams' slices over the widened block."""
+  def k_block(side, qs, j, k_fl_ext):
+    """Key block j against query block `qs`: widened by the halo ('_ext') and cropped;
+    `k_fl_ext` are the float streams' slices over the widened block."""
     ext = lambda x: blocks.slice_block(x, j * bk, bk_ext, 1)
-    mid = lambda x: blocks.slice_block(x, j * bk + halo, bk, 1)
     crop = lambda x: jax.lax.slice_in_dim(x, halo, halo + bk, axis=1)
     streams_ext = _merge_floats(jax.tree.map(ext, side['k_streams']), k_fl_ext, k_def)
-    return dict(pos_ext=ext(side['k_pos']), streams_ext=streams_ext,
-                valid_ext=ext(side['k_valid']), pos=mid(side['k_pos']),
-                streams=jax.tree.map(crop, streams_ext), valid=mid(side['k_valid']),
-                doc=None if side['k_doc'] is None else mid(side['k_doc']))
+    return dict(mask_ext=qs['mask'].slice_keys(j * bk, bk_ext), streams_ext=streams_ext,
+                mask=qs['mask'].slice_keys(j * bk + halo, bk),
+                streams=jax.tree.map(crop, streams_ext))
 
   q_fl_of = lambda fs, i: [blocks.slice_block(x, i * bq, bq, 1) for x in fs['q']]
   k_fl_of = lambda fs, j: [blocks.slice_block(x, j * bk, bk_ext, 1) for x in fs['k']]
 
   def logits_of(q_blk, k_ext, qs, ks, *params):
     """Pre-mask logits of one block, cropped to its bk keys: float32 [B, H, bq, bk]."""
-    logits = blocks.block_logits(q_blk, k_ext, qs['pos'], ks['pos_ext'], qs['streams'],
-                             ks['streams_ext'], ks['valid_ext'], scale=scale,
-                             bias_fn=bias_fn, transform_fn=transform_fn)
+    logits = blocks.block_logits(q_blk, k_ext, ks['mask_ext'], qs['streams'], ks['streams_ext'],
+                                 scale=scale, bias_fn=bias_fn, transform_fn=transform_fn)
     return jax.lax.slice_in_dim(logits, halo, halo + bk, axis=3)
 
   # Hoist the parameters bias_fn / transform_fn close over into explicit arguments.
-  example = (blocks.slice_block(q_p, 0, bq, 2), blocks.slice_block(k_p, 0, bk_ext, 2),
-             q_block(side, 0, q_fl_of(fs, 0)), k_block(side, 0, k_fl_of(fs, 0)))
+  qs0 = q_block(side, 0, q_fl_of(fs, 0))
+  example = (blocks.slice_block(q_p, 0, bq, 2), blocks.slice_block(k_p, 0, bk_ext, 2), qs0,
+             k_block(side, qs0, 0, k_fl_of(fs, 0)))
   block_logits, params = jax.closure_convert(logits_of, *example)
 
   def visible(qs, ks):
-    return blocks.visible(qs['pos'], ks['pos'], causal, ks['valid'], qs['doc'], ks['doc'], mask_fn,
-                      qs['streams'], ks['streams'])
+    return ks['mask'].visible(qs['streams'], ks['streams'])
 
   def key_blocks(side, fs, step, carry, qs, threshold):
     """Scans `step(carry, j, ks)` over the key blocks, skipping those above the diagonal (and
     those `block_prune` prunes: bound < threshold)."""
 
     def body(carry, j):
-      ks = k_block(side, j, k_fl_of(fs, j))
-      if not causal and block_prune is None:
+      ks = k_block(side, qs, j, k_fl_of(fs, j))
+      if not mask.causal and block_prune is None:
         return step(carry, j, ks), None
-      needed = jnp.min(ks['pos']) <= jnp.max(qs['pos']) if causal else jnp.bool_(True)
+      needed = ks['mask'].may_see_any()
       if block_prune is not None:
         needed = needed & (block_prune[1](qs['streams'], ks['streams']) >= threshold)
       return jax.lax.cond(needed, lambda c: step(c, j, ks), lambda c: c, carry), None
@@ -251,8 +240,9 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos
       def step(carry, j, ks):
         d_q, d_q_fl, d_k, d_v, d_params, d_k_fl = carry
         k_ext = blocks.slice_block(k_p, j * bk, bk_ext, 2)
-        logits_fn = lambda q_, k_, p_, qf_, kf_: block_logits(
-            q_, k_, q_block(side, i, qf_), k_block(side, j, kf_), *p_)
+        def logits_fn(q_, k_, p_, qf_, kf_):
+          qs_ = q_block(side, i, qf_)
+          return block_logits(q_, k_, qs_, k_block(side, qs_, j, kf_), *p_)
         logits, logits_vjp = jax.vjp(logits_fn, q_blk, k_ext, params, q_fl, k_fl_of(fs, j))
         vis = visible(qs, ks)
         p = jnp.where(vis, jnp.exp(jnp.where(vis, logits, NEG_INF) - lse_blk), 0.0)

@@ -69,8 +69,8 @@ def test_dense_matches_loop_reference_with_bias_and_masks():
   bias_fn = lambda qp, kp: alibi.alibi_bias(qp, kp, slopes)
   bias = np.asarray(bias_fn(pos, pos))
   out = jax.jit(lambda q, k, v: A.dense_attention(
-      q, k, v, q_pos=pos, k_pos=pos, bias_fn=bias_fn, k_valid=valid, q_document=doc,
-      k_document=doc))(q, k, v)
+      q, k, v, mask=A.AttentionMask(q_pos=pos, k_pos=pos, k_valid=valid, q_document=doc,
+                                    k_document=doc), bias_fn=bias_fn))(q, k, v)
   chex.assert_shape(out, (B, H, t, DH))
   ref = _reference(q, k, v, pos, pos, bias, valid, doc, doc)
   np.testing.assert_allclose(out, ref, atol=1e-5)
@@ -80,7 +80,8 @@ def test_dense_decode_shape_query_offset():
   """One query row at offset 6 against 9 cached keys: keys 7, 8 are invisible."""
   q, k, v = _qkv(1, 1, 9)
   q_pos, k_pos = _arange(1, offset=6), _arange(9)
-  fn = jax.jit(lambda *a: A.dense_attention(*a, q_pos=q_pos, k_pos=k_pos))
+  mask = A.AttentionMask.causal_from_positions(q_pos, k_pos)
+  fn = jax.jit(lambda *a: A.dense_attention(*a, mask=mask))
   out = fn(q, k, v)
   np.testing.assert_allclose(out, _reference(q, k, v, q_pos, k_pos), atol=1e-5)
   # Changing the invisible keys changes nothing.
@@ -152,7 +153,8 @@ def _loss_fn(impl, name, t, block_size, masks):
   streams = _inter_ids(3, t) if use_inter else pos
 
   def loss(q, k, v, params):
-    kw = dict(q_pos=pos, k_pos=pos, q_streams=streams, k_streams=streams, **masks)
+    kw = dict(mask=A.AttentionMask(q_pos=pos, k_pos=pos, **masks), q_streams=streams,
+              k_streams=streams)
     if bias_fn is not None:
       kw['bias_fn'] = lambda qs, ks: bias_fn(params, qs, ks)
     if transform_fn is not None:
@@ -185,7 +187,7 @@ def test_blockwise_equals_dense_outputs_and_grads(name):
     np.testing.assert_allclose(gb, gd, atol=1e-5, rtol=1e-4)
   if name in ('dape_v2_k3', 'kerple'):
     # The masked / biased output really differs from plain attention (the case is not vacuous).
-    plain = A.dense_attention(q, k, v, q_pos=_arange(t), k_pos=_arange(t))
+    plain = A.dense_attention(q, k, v, mask=A.AttentionMask.causal_from_positions(_arange(t)))
     assert float(jnp.max(jnp.abs(plain - out_d))) > 1e-2
 
 
@@ -196,7 +198,8 @@ def test_blockwise_query_offsets_and_large_blocks(q_len, k_len, offset, block):
   q, k, v = _qkv(3, q_len, k_len)
   q_pos, k_pos = _arange(q_len, offset), _arange(k_len)
   bias_fn, tf, halo, params, _ = _case('dape_v2_k3')
-  kw = dict(q_pos=q_pos, k_pos=k_pos, bias_fn=lambda a, b: bias_fn(params, a, b),
+  kw = dict(mask=A.AttentionMask.causal_from_positions(q_pos, k_pos),
+            bias_fn=lambda a, b: bias_fn(params, a, b),
             transform_fn=lambda *a: tf(params, *a))
   dense = jax.jit(lambda *a: A.dense_attention(*a, **kw))(q, k, v)
   block = jax.jit(lambda *a: A.blockwise_attention(*a, block_size=block, transform_halo=halo,
@@ -211,7 +214,7 @@ def test_mask_fn_and_non_causal(causal):
   q, k, v = _qkv(9, t, t)
   pos = _arange(t)
   window = lambda qs, ks: jnp.abs(qs[:, :, None] - ks[:, None, :]) <= 4
-  kw = dict(q_pos=pos, k_pos=pos, mask_fn=window, causal=causal)
+  kw = dict(mask=A.AttentionMask(q_pos=pos, k_pos=pos, mask_fn=window, causal=causal))
   dense = jax.jit(lambda *a: A.dense_attention(*a, **kw))(q, k, v)
   block = jax.jit(lambda *a: A.blockwise_attention(*a, block_size=8, **kw))(q, k, v)
   np.testing.assert_allclose(block, dense, atol=1e-5)
@@ -244,8 +247,8 @@ def test_dense_gradients_equal_autodiff_of_the_plain_formula(with_bias, kernels)
 
   def ours(q, k, v, bias):
     kw = {} if bias is None else {'bias_fn': lambda qs, ks: bias}
-    return A.dense_attention(q, k, v, q_pos=pos, k_pos=pos, k_valid=valid, kernels=kernels,
-                             **kw)
+    return A.dense_attention(q, k, v, mask=A.AttentionMask(q_pos=pos, k_pos=pos, k_valid=valid),
+                             kernels=kernels, **kw)
 
   def plain(q, k, v, bias):
     rep = lambda x: jnp.repeat(x, H // G, axis=1)
@@ -283,8 +286,8 @@ def test_fully_masked_rows_are_zero_not_nan():
   valid = jnp.ones((B, t), bool).at[0, :4].set(False)  # row 0: queries 0..3 see no key
   for impl in ('dense', 'blockwise'):
     kw = {'block_size': 4} if impl == 'blockwise' else {}
-    out = jax.jit(lambda q, k, v: A.attention_fn(impl)(q, k, v, q_pos=pos, k_pos=pos,
-                                                       k_valid=valid, **kw))(q, k, v)
+    mask = A.AttentionMask(q_pos=pos, k_pos=pos, k_valid=valid)
+    out = jax.jit(lambda q, k, v: A.attention_fn(impl)(q, k, v, mask=mask, **kw))(q, k, v)
     chex.assert_tree_all_finite(out)
     np.testing.assert_array_equal(out[0, :, :4], 0.0)
     assert float(jnp.max(jnp.abs(out[0, :, 4:]))) > 0
@@ -297,7 +300,8 @@ def test_gqa_equals_mha_with_repeated_kv():
   rep = lambda x: jnp.repeat(x, H // G, axis=1)
   for impl in ('dense', 'blockwise'):
     kw = {'block_size': 4} if impl == 'blockwise' else {}
-    fn = jax.jit(lambda q, k, v: A.attention_fn(impl)(q, k, v, q_pos=pos, k_pos=pos, **kw))
+    mask = A.AttentionMask.causal_from_positions(pos)
+    fn = jax.jit(lambda q, k, v: A.attention_fn(impl)(q, k, v, mask=mask, **kw))
     np.testing.assert_allclose(fn(q, k, v), fn(q, rep(k), rep(v)), atol=1e-6)
 
 
@@ -307,8 +311,8 @@ def test_bfloat16_inputs_keep_dtype():
   pos = _arange(t)
   for impl in ('dense', 'blockwise'):
     kw = {'block_size': 8} if impl == 'blockwise' else {}
-    out = jax.jit(lambda q, k, v: A.attention_fn(impl)(q, k, v, q_pos=pos, k_pos=pos, **kw))(
-        q, k, v)
+    mask = A.AttentionMask.causal_from_positions(pos)
+    out = jax.jit(lambda q, k, v: A.attention_fn(impl)(q, k, v, mask=mask, **kw))(q, k, v)
     chex.assert_type(out, jnp.bfloat16)
     ref = _reference(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
                      pos, pos)
@@ -326,18 +330,17 @@ def test_fused_path_matches_dense(plain):
     valid = jnp.ones((B, t), bool).at[1, 3].set(False)
     doc = jnp.broadcast_to((jnp.arange(t) >= 5).astype(jnp.int32), (B, t))
     kw = dict(k_valid=valid, q_document=doc, k_document=doc)
-  fused = jax.jit(lambda q, k, v: A.fused_attention(q, k, v, q_pos=pos, k_pos=pos,
-                                                    plain_causal=plain, implementation='xla',
-                                                    **kw))(q, k, v)
-  dense = jax.jit(lambda q, k, v: A.dense_attention(q, k, v, q_pos=pos, k_pos=pos, **kw))(
-      q, k, v)
+  mask = A.AttentionMask(q_pos=pos, k_pos=pos, **kw)
+  fused = jax.jit(lambda q, k, v: A.fused_attention(q, k, v, mask=mask, plain_causal=plain,
+                                                    implementation='xla'))(q, k, v)
+  dense = jax.jit(lambda q, k, v: A.dense_attention(q, k, v, mask=mask))(q, k, v)
   np.testing.assert_allclose(fused, dense, atol=1e-5)
 
 
 def _temp_bytes(fn, t, **kw):
   spec = jax.ShapeDtypeStruct((1, 2, t, 16), jnp.float32)
   pos = jax.ShapeDtypeStruct((1, t), jnp.int32)
-  f = lambda q, k, v, p: fn(q, k, v, q_pos=p, k_pos=p, **kw)
+  f = lambda q, k, v, p: fn(q, k, v, mask=A.AttentionMask.causal_from_positions(p), **kw)
   return jax.jit(f).lower(spec, spec, spec, pos).compile().memory_analysis().temp_size_in_bytes
 
 
@@ -351,15 +354,14 @@ def test_blockwise_forward_memory_grows_linearly():
 
 def test_errors_are_clear():
   q, k, v = _qkv(7, 4, 4)
-  pos = _arange(4)
+  mask = A.AttentionMask.causal_from_positions(_arange(4))
   with pytest.raises(ValueError, match='attention_impl'):
     A.attention_fn('flash')
   with pytest.raises(ValueError, match='cudnn'):
-    A.cudnn_attention(q, k, v, q_pos=pos, k_pos=pos)  # the CPU backend
+    A.cudnn_attention(q, k, v, mask=mask)  # the CPU backend
   with pytest.raises(ValueError, match='bias'):
-    A.cudnn_attention(q, k, v, q_pos=pos, k_pos=pos, bias_fn=lambda a, b: 0.)
+    A.cudnn_attention(q, k, v, mask=mask, bias_fn=lambda a, b: 0.)
   with pytest.raises(ValueError, match='multiple of KV heads'):
-    A.dense_attention(q, k[:, :1].repeat(3, axis=1), v[:, :1].repeat(3, axis=1), q_pos=pos,
-                      k_pos=pos)
+    A.dense_attention(q, k[:, :1].repeat(3, axis=1), v[:, :1].repeat(3, axis=1), mask=mask)
   with pytest.raises(ValueError, match='block_size'):
-    A.blockwise_attention(q, k, v, q_pos=pos, k_pos=pos, block_size=0)
+    A.blockwise_attention(q, k, v, mask=mask, block_size=0)

@@ -59,7 +59,8 @@ def test_gradients_without_jit_dape_v2_documents_and_empty_rows():
   pos = TA._arange(t)
   valid = jnp.ones((TA.B, t), bool).at[0, :3].set(False).at[1, 9].set(False)
   doc = jnp.broadcast_to((jnp.arange(t) >= 11).astype(jnp.int32), (TA.B, t))
-  kw = dict(q_pos=pos, k_pos=pos, k_valid=valid, q_document=doc, k_document=doc)
+  kw = dict(mask=A.AttentionMask(q_pos=pos, k_pos=pos, k_valid=valid, q_document=doc,
+                                 k_document=doc))
   params = TA._case('dape_v2_k3')[3]
   with jax.disable_jit():
     got = _grads('blockwise', q, k, v, params, 'dape_v2_k3', block_size=8, **kw)
@@ -75,9 +76,9 @@ def test_gradients_without_jit_dape_v2_documents_and_empty_rows():
 ])
 def test_gradients_query_offsets_and_non_causal(name, q_len, k_len, offset, causal):
   q, k, v = TA._qkv(12, q_len, k_len)
-  kw = dict(q_pos=TA._arange(q_len, offset), k_pos=TA._arange(k_len), causal=causal)
-  if not causal:
-    kw['mask_fn'] = lambda qs, ks: jnp.abs(qs[:, :, None] - ks[:, None, :]) <= 4
+  window = lambda qs, ks: jnp.abs(qs[:, :, None] - ks[:, None, :]) <= 4
+  kw = dict(mask=A.AttentionMask(q_pos=TA._arange(q_len, offset), k_pos=TA._arange(k_len),
+                                 causal=causal, mask_fn=None if causal else window))
   params = TA._case(name)[3]
   fn = lambda impl, **extra: jax.jit(lambda *a: _grads(impl, *a, name, **kw, **extra))
   _assert_same(fn('blockwise', block_size=4)(q, k, v, params), fn('dense')(q, k, v, params))
@@ -95,7 +96,7 @@ def _residual_bytes(t, blockwise_kw, capsys):
   pos = TA._arange(t)
 
   def loss(q, k, v, params):
-    out = A.blockwise_attention(q, k, v, q_pos=pos, k_pos=pos,
+    out = A.blockwise_attention(q, k, v, mask=A.AttentionMask.causal_from_positions(pos),
                                 bias_fn=lambda qs, ks: bias_fn(params, qs, ks), **blockwise_kw)
     return jnp.sum(out)
 
@@ -134,7 +135,8 @@ def test_compiled_gradient_temporaries_grow_linearly():
               'a': jax.ShapeDtypeStruct((4,), jnp.float32)}
 
     def loss(q, k, v, params, pos):
-      return jnp.sum(A.blockwise_attention(q, k, v, q_pos=pos, k_pos=pos, block_size=64,
+      mask = A.AttentionMask.causal_from_positions(pos)
+      return jnp.sum(A.blockwise_attention(q, k, v, mask=mask, block_size=64,
                                            bias_fn=lambda a, b: bias_fn(params, a, b)))
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
@@ -160,7 +162,8 @@ def test_gradients_inside_a_scan_over_layers():
   def two_layers(impl, q, params):
     def layer(x, _):
       out = A.attention_fn(impl)(
-          x, k, v, q_pos=pos, k_pos=pos, k_valid=valid, q_document=doc, k_document=doc,
+          x, k, v, mask=A.AttentionMask(q_pos=pos, k_pos=pos, k_valid=valid, q_document=doc,
+                                        k_document=doc),
           bias_fn=lambda qs, ks: bias_fn(params, qs, ks),
           **(dict(block_size=8) if impl == 'blockwise' else {}))
       return x + out, None
@@ -183,7 +186,8 @@ def test_compiled_gradient_temporaries_grow_linearly_inside_a_scan_over_layers()
 
     def loss(q):
       def layer(x, _):
-        return x + A.blockwise_attention(x, x * 0.5, x * 0.25, q_pos=pos, k_pos=pos,
+        return x + A.blockwise_attention(x, x * 0.5, x * 0.25,
+                                         mask=A.AttentionMask.causal_from_positions(pos),
                                          block_size=64), None
       return jnp.sum(jax.lax.scan(layer, q, None, length=2)[0])
 

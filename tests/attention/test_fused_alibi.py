@@ -86,7 +86,7 @@ def test_fused_attention_takes_no_other_bias_and_configs_say_why():
   with pytest.raises(ValueError, match="attention_impl='fused' supports no bias_fn"):
     attention.attention_fn('fused')(
         jnp.zeros((1, 1, 2, 4)), jnp.zeros((1, 1, 2, 4)), jnp.zeros((1, 1, 2, 4)),
-        q_pos=jnp.zeros((1, 2), jnp.int32), k_pos=jnp.zeros((1, 2), jnp.int32),
+        mask=attention.AttentionMask.causal_from_positions(jnp.zeros((1, 2), jnp.int32)),
         bias_fn=lambda q, k: 0.0)
   with pytest.raises(ValueError, match="attention_impl.*'kerple'"):
     _model('kerple', 'fused')

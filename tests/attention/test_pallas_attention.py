@@ -54,22 +54,20 @@ def _bias_case(kind):
 def _both(kind, stream, causal=True, documents=True):
   """Losses (pallas, dense) of (q, k, v, params), each returning (loss, output)."""
   tile_bias, params, make_bias_fn = _bias_case(kind)
-  masks = dict(k_valid=VALID)
-  if documents:
-    masks.update(q_document=DOC, k_document=DOC)
+  docs = dict(q_document=DOC, k_document=DOC) if documents else {}
+  mask = attention.AttentionMask(q_pos=POS, k_pos=POS, k_valid=VALID, causal=causal, **docs)
 
   def weigh(o):  # a loss that reaches every output element differently
     return jnp.sum(o * jnp.cos(o) * jnp.arange(1, D + 1)), o
 
   def pallas_loss(q, k, v, p):
     return weigh(pallas.pallas_attention(
-        q, k, v, q_pos=POS, k_pos=POS, q_streams=stream, k_streams=stream, tile_bias=tile_bias,
-        bias_params_HxP=p, causal=causal, block_q=8, block_k=8, **masks))
+        q, k, v, mask=mask, q_streams=stream, k_streams=stream, tile_bias=tile_bias,
+        bias_params_HxP=p, block_q=8, block_k=8))
 
   def dense_loss(q, k, v, p):
     return weigh(attention.dense_attention(
-        q, k, v, q_pos=POS, k_pos=POS, q_streams=stream, k_streams=stream,
-        bias_fn=make_bias_fn(p), causal=causal, **masks))
+        q, k, v, mask=mask, q_streams=stream, k_streams=stream, bias_fn=make_bias_fn(p)))
 
   return pallas_loss, dense_loss, params
 
@@ -105,21 +103,22 @@ def test_without_causality_or_documents_and_under_jit():
 
 def test_a_query_that_sees_no_key_gets_zeros_and_finite_gradients():
   valid = jnp.zeros((B, T), bool).at[:, 5:].set(True)  # rows 0..4 see nothing (causal)
-  f = lambda q: pallas.pallas_attention(q, K, V, q_pos=POS, k_pos=POS, k_valid=valid,
-                                        block_q=8, block_k=8)
+  mask = attention.AttentionMask(q_pos=POS, k_pos=POS, k_valid=valid)
+  f = lambda q: pallas.pallas_attention(q, K, V, mask=mask, block_q=8, block_k=8)
   out = jax.jit(f)(Q)
   np.testing.assert_array_equal(np.asarray(out[:, :, :5]), 0.0)
   assert np.isfinite(np.asarray(jax.jit(jax.grad(lambda q: jnp.sum(f(q))))(Q))).all()
 
 
 def test_bad_parameters_are_one_clear_error():
+  mask = attention.AttentionMask.causal_from_positions(POS)
   with pytest.raises(ValueError, match=r"bias 'kerple' needs params \[H, P\]=\(4, 2\)"):
-    pallas.pallas_attention(Q, K, V, q_pos=POS, k_pos=POS, tile_bias=pallas.TileBias('kerple'),
+    pallas.pallas_attention(Q, K, V, mask=mask, tile_bias=pallas.TileBias('kerple'),
                             bias_params_HxP=jnp.zeros((4, 1)))
   with pytest.raises(ValueError, match="bias kind 'fire' is not one of"):
     pallas.TileBias('fire')
   with pytest.raises(ValueError, match="attention_impl='pallas' takes the bias as tile_bias"):
-    attention.attention_fn('pallas')(Q, K, V, q_pos=POS, k_pos=POS, bias_fn=lambda q, k: 0.0)
+    attention.attention_fn('pallas')(Q, K, V, mask=mask, bias_fn=lambda q, k: 0.0)
 
 
 def test_the_tpu_lowering_is_mosaic_and_the_cpu_lowering_interprets():
@@ -127,8 +126,8 @@ def test_the_tpu_lowering_is_mosaic_and_the_cpu_lowering_interprets():
   shapes = [jax.ShapeDtypeStruct(x.shape, jnp.bfloat16) for x in (Q, K, V)]
 
   def step(q, k, v):
-    out = pallas.pallas_attention(q, k, v, q_pos=POS, k_pos=POS, q_document=DOC, k_document=DOC,
-                                  tile_bias=tile_bias, bias_params_HxP=params)
+    mask = attention.AttentionMask(q_pos=POS, k_pos=POS, q_document=DOC, k_document=DOC)
+    out = pallas.pallas_attention(q, k, v, mask=mask, tile_bias=tile_bias, bias_params_HxP=params)
     return jnp.sum(out.astype(jnp.float32) ** 2)
 
   grad = jax.jit(jax.grad(step, argnums=(0, 1, 2)))

@@ -33,6 +33,7 @@ POS = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
 INTER = jnp.asarray(np.cumsum(_RNG.random((B, T)) < 0.3, axis=1), jnp.int32)
 DOC = jnp.asarray([[0] * 20 + [1] * 17, [0] * 30 + [1] * 7], jnp.int32)
 VALID = jnp.asarray([[True] * 33 + [False] * 4, [True] * 37])
+MASK = attention.AttentionMask.causal_from_positions(POS)
 
 
 def _case(kind):
@@ -53,17 +54,17 @@ def _case(kind):
 
 def _losses(kind, stream, causal, masks):
   tile_bias, params, bias_fn_of = _case(kind)
+  mask = attention.AttentionMask(q_pos=POS, k_pos=POS, causal=causal, **masks)
   weigh = lambda o: jnp.sum(o * jnp.cos(o) * jnp.arange(1, D + 1))  # pylint: disable=unnecessary-lambda-assignment
 
   def gpu_loss(q, k, v, p):
     return weigh(gpu_attention.pallas_gpu_attention(
-        q, k, v, q_pos=POS, k_pos=POS, q_streams=stream, k_streams=stream, tile_bias=tile_bias,
-        bias_params_HxP=p, causal=causal, block_q=16, block_k=16, **masks))
+        q, k, v, mask=mask, q_streams=stream, k_streams=stream, tile_bias=tile_bias,
+        bias_params_HxP=p, block_q=16, block_k=16))
 
   def dense_loss(q, k, v, p):
     return weigh(attention.dense_attention(
-        q, k, v, q_pos=POS, k_pos=POS, q_streams=stream, k_streams=stream,
-        bias_fn=bias_fn_of(p), causal=causal, **masks))
+        q, k, v, mask=mask, q_streams=stream, k_streams=stream, bias_fn=bias_fn_of(p)))
 
   return gpu_loss, dense_loss, params
 
@@ -84,18 +85,16 @@ def test_values_and_gradients_equal_dense(kind, causal):
 
 
 def test_output_shape_and_no_jit():
-  out = gpu_attention.pallas_gpu_attention(Q, K, V, q_pos=POS, k_pos=POS, block_q=16,
-                                           block_k=16)
+  out = gpu_attention.pallas_gpu_attention(Q, K, V, mask=MASK, block_q=16, block_k=16)
   chex.assert_shape(out, (B, H, T, D))
-  want = attention.dense_attention(Q, K, V, q_pos=POS, k_pos=POS)
+  want = attention.dense_attention(Q, K, V, mask=MASK)
   np.testing.assert_allclose(out, want, atol=2e-5)
 
 
 def test_causal_outputs_ignore_future_tokens():
-  out = gpu_attention.pallas_gpu_attention(Q, K, V, q_pos=POS, k_pos=POS, block_q=16,
-                                           block_k=16)
+  out = gpu_attention.pallas_gpu_attention(Q, K, V, mask=MASK, block_q=16, block_k=16)
   changed = gpu_attention.pallas_gpu_attention(Q, K.at[:, :, 20:].set(7.0),
-                                               V.at[:, :, 20:].set(-3.0), q_pos=POS, k_pos=POS,
+                                               V.at[:, :, 20:].set(-3.0), mask=MASK,
                                                block_q=16, block_k=16)
   np.testing.assert_allclose(out[:, :, :20], changed[:, :, :20], atol=1e-6)
   assert not np.allclose(out[:, :, 20:], changed[:, :, 20:])
@@ -114,7 +113,7 @@ def test_lowers_for_cuda_as_triton_kernels():
   bf16 = lambda x: x.astype(jnp.bfloat16)  # pylint: disable=unnecessary-lambda-assignment
 
   def loss(q, k, v, p):
-    out = gpu_attention.pallas_gpu_attention(q, k, v, q_pos=POS, k_pos=POS, tile_bias=tile_bias,
+    out = gpu_attention.pallas_gpu_attention(q, k, v, mask=MASK, tile_bias=tile_bias,
                                              bias_params_HxP=p)
     return jnp.sum(out.astype(jnp.float32) ** 2)
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bipe_jax.attention.mask import AttentionMask
 from bipe_jax.attention.pallas import cost as pallas_cost
 from bipe_jax.compile import aot
 from bipe_jax.compile import cli as compile_cli
@@ -198,9 +199,9 @@ def test_pallas_forward_is_costed_on_tpu():
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
 
   def attend(q, k, v):
-    return pallas.pallas_attention(q, k, v, q_pos=pos, k_pos=pos, tile_bias=pallas.TileBias('none'),
-                                   bias_params_HxP=None, block_q=128, block_k=128,
-                                   interpret=False)
+    return pallas.pallas_attention(q, k, v, mask=AttentionMask.causal_from_positions(pos),
+                                   tile_bias=pallas.TileBias('none'), bias_params_HxP=None,
+                                   block_q=128, block_k=128, interpret=False)
 
   shape = jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16,
                                sharding=jax.sharding.SingleDeviceSharding(device))

@@ -48,8 +48,8 @@ def _fox_jax(impl, q, k, v, log_f, valid, starts=None, shift=0.0):
   pos = jnp.broadcast_to(jnp.arange(T), (B, T))
   fn = attention.dense_attention if impl == 'dense' else functools.partial(
       attention.blockwise_attention, block_size=BLOCK)
-  return fn(q, k, v, q_pos=pos, k_pos=pos, q_streams=c, k_streams=c, bias_fn=fox.fox_bias,
-            k_valid=valid)
+  return fn(q, k, v, mask=attention.AttentionMask(q_pos=pos, k_pos=pos, k_valid=valid),
+            q_streams=c, k_streams=c, bias_fn=fox.fox_bias)
 
 
 def _fox_ref_loss(bilevel, q, k, v, log_f, weight):
@@ -116,7 +116,7 @@ def test_fox_is_unchanged_when_c_is_shifted(impl):
 def _cope_jax(q, k, v, emb):
   pos = jnp.broadcast_to(jnp.arange(T), (B, T))
   qe = jnp.einsum('bhqd,nd->bhqn', q, emb)
-  return attention.dense_attention(q, k, v, q_pos=pos, k_pos=pos,
+  return attention.dense_attention(q, k, v, mask=attention.AttentionMask.causal_from_positions(pos),
                                    transform_fn=cope.cope_transform(qe, 1 / np.sqrt(DH)))
 
 
@@ -239,8 +239,9 @@ def test_pruning_skips_blocks_below_the_tolerance_and_keeps_the_rest():
   def attend(tolerance):
     prune = None if tolerance is None else fox.block_prune(tolerance)
     return np.asarray(attention.blockwise_attention(
-        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v_nan), q_pos=pos, k_pos=pos, q_streams=c,
-        k_streams=c, bias_fn=fox.fox_bias, block_size=4, block_prune=prune))[0, 0]
+        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v_nan),
+        mask=attention.AttentionMask.causal_from_positions(pos), q_streams=c, k_streams=c,
+        bias_fn=fox.fox_bias, block_size=4, block_prune=prune))[0, 0]
 
   assert np.isnan(attend(None)[12:]).all()  # without pruning the NaN values are read
   threshold = float(fox.pruning_threshold(jnp.asarray(q), jnp.asarray(k), t, -12.0))
@@ -263,8 +264,9 @@ def test_pallas_interpret_values_and_gradients_match_reference(bilevel):
 
   def loss(q, k, v, log_f):
     c = fox.cumulative_log_gates(fox.masked_log_gates(log_f, valid, starts))
-    out = pallas.pallas_attention(q, k, v, q_pos=pos, k_pos=pos, q_streams=c, k_streams=c,
-                                  tile_bias=pallas.TileBias('fox'), k_valid=valid,
+    out = pallas.pallas_attention(q, k, v,
+                                  mask=attention.AttentionMask(q_pos=pos, k_pos=pos, k_valid=valid),
+                                  q_streams=c, k_streams=c, tile_bias=pallas.TileBias('fox'),
                                   block_q=8, block_k=8, interpret=True)
     return jnp.sum(out * weight), out
 

@@ -58,17 +58,16 @@ def test_triton_kernel_equals_dense(kind):
   q, k, v = _qkv(jnp.float32)
   tile_bias, params, bias_fn_of = _bias(kind)
   stream = INTER if kind == 'alibi' else POS
-  masks = dict(q_document=DOC, k_document=DOC)
+  mask = attention.AttentionMask(q_pos=POS, k_pos=POS, q_document=DOC, k_document=DOC)
 
   def loss(fn, q, k, v, p):
     return jnp.sum(jnp.sin(fn(q, k, v, p)))
 
   gpu = lambda q, k, v, p: pallas.pallas_gpu_attention(  # pylint: disable=unnecessary-lambda-assignment
-      q, k, v, q_pos=POS, k_pos=POS, q_streams=stream, k_streams=stream, tile_bias=tile_bias,
-      bias_params_HxP=p, **masks)
+      q, k, v, mask=mask, q_streams=stream, k_streams=stream, tile_bias=tile_bias,
+      bias_params_HxP=p)
   dense = lambda q, k, v, p: attention.dense_attention(  # pylint: disable=unnecessary-lambda-assignment
-      q, k, v, q_pos=POS, k_pos=POS, q_streams=stream, k_streams=stream, bias_fn=bias_fn_of(p),
-      **masks)
+      q, k, v, mask=mask, q_streams=stream, k_streams=stream, bias_fn=bias_fn_of(p))
   argnums = (0, 1, 2) if kind == 'alibi' else (0, 1, 2, 3)
   got = jax.jit(jax.value_and_grad(functools.partial(loss, gpu), argnums=argnums))(q, k, v, params)
   want = jax.jit(jax.value_and_grad(functools.partial(loss, dense), argnums=argnums))(

@@ -17,6 +17,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bipe_jax.attention.mask import AttentionMask
 from bipe_jax.attention.pallas import backward as bwd
 from bipe_jax.attention.pallas import forward as fwd
 from bipe_jax.attention.pallas import layout
@@ -77,16 +78,11 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
                      k_BxGxKxDh: jax.Array,
                      v_BxGxKxDh: jax.Array,
                      *,
-                     q_pos: jax.Array,
-                     k_pos: jax.Array,
+                     mask: AttentionMask,
                      q_streams: Optional[jax.Array] = None,
                      k_streams: Optional[jax.Array] = None,
                      tile_bias: TileBias = TileBias(),
                      bias_params_HxP: Optional[jax.Array] = None,
-                     k_valid: Optional[jax.Array] = None,
-                     q_document: Optional[jax.Array] = None,
-                     k_document: Optional[jax.Array] = None,
-                     causal: bool = True,
                      scale: Optional[float] = None,
                      block_q: int = TPU_BLOCK,
                      block_k: int = TPU_BLOCK,
@@ -96,13 +92,14 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   """Attention with an on-the-fly bias; [B, H, Q, Dh] in q's dtype, equal to
   `bipe_jax.attention.dense_attention` with the matching bias_fn (values and gradients).
 
-  q_pos / k_pos [B, Q] / [B, K]: causal indices; q_streams / k_streams: the one int stream the
-  bias reads (token or inter index; default the causal indices), or for tile_bias 'fox' the
-  float positions c [B, Q, H] / [B, K, H] (they get gradients); tile_bias / bias_params_HxP:
-  the bias kind and its per-head parameters (bipe_jax.attention.pallas.tile_bias; zeros for 'none'); masks
-  as bipe_jax.attention. Ragged lengths are padded to the tiles inside. block_k must be a
-  multiple of 128 on TPU when K is longer than it. Under a mesh, the kernels run per shard:
-  rows over the mesh axes `batch_axes`, heads over `head_axes` (bipe_jax.attention.pallas.sharding).
+  mask: the AttentionMask (causal indices q_pos [B, Q] / k_pos [B, K], padding, documents; no
+  mask_fn); q_streams / k_streams: the one int stream the bias reads (token or inter index;
+  default the causal indices), or for tile_bias 'fox' the float positions c [B, Q, H] /
+  [B, K, H] (they get gradients); tile_bias / bias_params_HxP: the bias kind and its per-head
+  parameters (bipe_jax.attention.pallas.tile_bias; zeros for 'none'). Ragged lengths are
+  padded to the tiles inside. block_k must be a multiple of 128 on TPU when K is longer than
+  it. Under a mesh, the kernels run per shard: rows over the mesh axes `batch_axes`, heads over
+  `head_axes` (bipe_jax.attention.pallas.sharding).
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
   b, h, nq, d = q.shape
@@ -110,9 +107,12 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   if q.ndim != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d or h % g:
     raise ValueError(f'pallas attention: q [B, H, Q, Dh] and k, v [B, G, K, Dh] with G dividing '
                      f'H; got {q.shape}, {k.shape}, {v.shape}.')
-  if (q_streams is None) != (k_streams is None) or (q_document is None) != (k_document is None):
-    raise ValueError('pallas attention: q_streams / k_streams and q_document / k_document '
-                     'must each be given together.')
+  if (q_streams is None) != (k_streams is None):
+    raise ValueError('pallas attention: q_streams and k_streams must be given together.')
+  mask.check(b, nq, nk)
+  if mask.mask_fn is not None:
+    raise ValueError('pallas attention: the kernels take no mask.mask_fn; use blockwise or '
+                     'dense.')
   if jax.default_backend() == 'gpu' and interpret is None:
     raise ValueError("attention_impl='pallas' is the TPU (Mosaic) kernel; on a GPU use "
                      "'pallas_gpu' (the same tile biases in Triton), 'cudnn' or 'auto'.")
@@ -127,29 +127,28 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
     c_q, c_k = (jnp.moveaxis(c, 2, 1)[:, :, None, :] for c in (q_streams, k_streams))
     q_streams = k_streams = None
   if q_streams is None:
-    q_streams, k_streams = q_pos, k_pos
-  arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, q_pos=q_pos, k_pos=k_pos,
-                q_streams=q_streams, k_streams=k_streams, k_valid=k_valid,
-                q_document=q_document, k_document=k_document, c_q=c_q, c_k=c_k)
+    q_streams, k_streams = mask.q_pos, mask.k_pos
+  arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, mask=mask, q_streams=q_streams,
+                k_streams=k_streams, c_q=c_q, c_k=c_k)
   arrays = {name: x for name, x in arrays.items() if x is not None}
-  run = functools.partial(_run_on_shard, tile_bias=tile_bias, causal=causal, scale=scale,
-                          block_q=block_q, block_k=block_k, interpret=interpret)
+  run = functools.partial(_run_on_shard, tile_bias=tile_bias, scale=scale, block_q=block_q,
+                          block_k=block_k, interpret=interpret)
   return sharding.per_shard(run, arrays, num_heads=h, num_kv_heads=g, batch_axes=batch_axes,
                             head_axes=head_axes)
 
 
-def _run_on_shard(a: dict, *, tile_bias, causal, scale, block_q, block_k, interpret):
+def _run_on_shard(a: dict, *, tile_bias, scale, block_q, block_k, interpret):
   """pallas_attention on one shard's arrays (`a`: the non-None arguments by name)."""
   q, k, v = a['q'], a['k'], a['v']
   nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
   bq, bk = _block(block_q, nq), _block(block_k, nk)
   tq, tk = layout.round_up(nq, bq), layout.round_up(nk, bk)
-  q_info = layout.query_info(a['q_pos'], a['q_streams'], a.get('q_document'), tq)
-  k_info = layout.key_info(a['k_pos'], a['k_streams'], a.get('k_document'), a.get('k_valid'),
-                           tk)
+  mask = a['mask']
+  q_info = layout.query_info(mask.q_pos, a['q_streams'], mask.q_document, tq)
+  k_info = layout.key_info(mask.k_pos, a['k_streams'], mask.k_document, mask.k_valid, tk)
   q_max, k_min = layout.block_ranges(q_info, k_info, bq, bk)
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-  static = KernelStatics(tile_bias, scale, causal, bq, bk, interpret)
+  static = KernelStatics(tile_bias, scale, mask.causal, bq, bk, interpret)
   c_q, c_k = a.get('c_q'), a.get('c_k')
   if c_q is not None:
     c_q, c_k = layout.pad_to(c_q, 3, tq, 0.0), layout.pad_to(c_k, 3, tk, 0.0)

@@ -20,6 +20,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bipe_jax.attention.mask import AttentionMask
 from bipe_jax.attention.pallas import gpu_backward as bwd
 from bipe_jax.attention.pallas import gpu_forward as fwd
 from bipe_jax.attention.pallas import layout
@@ -61,16 +62,11 @@ def pallas_gpu_attention(q_BxHxQxDh: jax.Array,
                          k_BxGxKxDh: jax.Array,
                          v_BxGxKxDh: jax.Array,
                          *,
-                         q_pos: jax.Array,
-                         k_pos: jax.Array,
+                         mask: AttentionMask,
                          q_streams: Optional[jax.Array] = None,
                          k_streams: Optional[jax.Array] = None,
                          tile_bias: TileBias = TileBias(),
                          bias_params_HxP: Optional[jax.Array] = None,
-                         k_valid: Optional[jax.Array] = None,
-                         q_document: Optional[jax.Array] = None,
-                         k_document: Optional[jax.Array] = None,
-                         causal: bool = True,
                          scale: Optional[float] = None,
                          block_q: int = GPU_BLOCK,
                          block_k: int = GPU_BLOCK,
@@ -86,35 +82,37 @@ def pallas_gpu_attention(q_BxHxQxDh: jax.Array,
   if q.ndim != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d or h % g:
     raise ValueError(f'pallas gpu attention: q [B, H, Q, Dh] and k, v [B, G, K, Dh] with G '
                      f'dividing H; got {q.shape}, {k.shape}, {v.shape}.')
-  if (q_streams is None) != (k_streams is None) or (q_document is None) != (k_document is None):
-    raise ValueError('pallas gpu attention: q_streams / k_streams and q_document / k_document '
-                     'must each be given together.')
+  if (q_streams is None) != (k_streams is None):
+    raise ValueError('pallas gpu attention: q_streams and k_streams must be given together.')
+  mask.check(b, q.shape[2], k.shape[2])
+  if mask.mask_fn is not None:
+    raise ValueError('pallas gpu attention: the kernels take no mask.mask_fn; use blockwise or '
+                     'dense.')
   if bias_params_HxP is None:
     bias_params_HxP = jnp.zeros((h, tile_bias.num_params), jnp.float32)
   tile_bias.check_params(bias_params_HxP, h)
   if q_streams is None:
-    q_streams, k_streams = q_pos, k_pos
-  arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, q_pos=q_pos, k_pos=k_pos,
-                q_streams=q_streams, k_streams=k_streams, k_valid=k_valid,
-                q_document=q_document, k_document=k_document)
+    q_streams, k_streams = mask.q_pos, mask.k_pos
+  arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, mask=mask, q_streams=q_streams,
+                k_streams=k_streams)
   arrays = {name: x for name, x in arrays.items() if x is not None}
-  run = functools.partial(_run_on_shard, tile_bias=tile_bias, causal=causal, scale=scale,
-                          block_q=block_q, block_k=block_k, interpret=interpret)
+  run = functools.partial(_run_on_shard, tile_bias=tile_bias, scale=scale, block_q=block_q,
+                          block_k=block_k, interpret=interpret)
   return sharding.per_shard(run, arrays, num_heads=h, num_kv_heads=g, batch_axes=batch_axes,
                             head_axes=head_axes)
 
 
-def _run_on_shard(a: dict, *, tile_bias, causal, scale, block_q, block_k, interpret):
+def _run_on_shard(a: dict, *, tile_bias, scale, block_q, block_k, interpret):
   """pallas_gpu_attention on one shard's arrays (`a`: the non-None arguments by name)."""
   q, k, v = a['q'], a['k'], a['v']
   nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
   bq, bk = gpu_block(block_q, nq), gpu_block(block_k, nk)
   tq, tk = layout.round_up(nq, bq), layout.round_up(nk, bk)
-  q_info = layout.query_info(a['q_pos'], a['q_streams'], a.get('q_document'), tq)
-  k_info = layout.key_info(a['k_pos'], a['k_streams'], a.get('k_document'), a.get('k_valid'),
-                           tk)
+  mask = a['mask']
+  q_info = layout.query_info(mask.q_pos, a['q_streams'], mask.q_document, tq)
+  k_info = layout.key_info(mask.k_pos, a['k_streams'], mask.k_document, mask.k_valid, tk)
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-  static = KernelStatics(tile_bias, scale, causal, bq, bk, interpret)
+  static = KernelStatics(tile_bias, scale, mask.causal, bq, bk, interpret)
   out = _attend(static, layout.pad_to(q, 2, tq, 0), layout.pad_to(k, 2, tk, 0),
                 layout.pad_to(v, 2, tk, 0), a['params'], q_info, k_info)
   return out[:, :, :nq]

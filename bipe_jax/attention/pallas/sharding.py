@@ -30,8 +30,9 @@ def per_shard(fn: Callable, arrays: dict, *, num_heads: int, num_kv_heads: int,
               batch_axes: Axes, head_axes: Axes):
   """fn(arrays) -> [B, H, Q, Dh], mapped over the current mesh when there is one.
 
-  `arrays`: a dict of arrays whose leading axis is the batch; 'q' / 'c_q' / 'c_k' [B, H, ..],
-  'k' / 'v' [B, G, ..] and 'params' [H, P] are also split over heads.
+  `arrays`: a dict of arrays (or pytrees of them: the AttentionMask) whose leading axis is the
+  batch; 'q' / 'c_q' / 'c_k' [B, H, ..], 'k' / 'v' [B, G, ..] and 'params' [H, P] are also split
+  over heads.
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or (batch_axes is None and head_axes is None):
@@ -47,6 +48,6 @@ def per_shard(fn: Callable, arrays: dict, *, num_heads: int, num_kv_heads: int,
     elif name in ('q', 'k', 'v', 'c_q', 'c_k'):  # c: FoX's positions [B, H, 1, T]
       specs[name] = P(batch, heads, *([None] * (x.ndim - 2)))
     else:
-      specs[name] = P(batch, *([None] * (x.ndim - 1)))
+      specs[name] = jax.tree.map(lambda y: P(batch, *([None] * (y.ndim - 1))), x)
   return jax.shard_map(fn, in_specs=(specs,), out_specs=P(batch, heads, None, None),
                        check_vma=False)(arrays)
