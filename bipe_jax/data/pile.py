@@ -27,6 +27,7 @@ from typing import Iterator
 from etils import epath
 
 from bipe_jax.data import documents
+from bipe_jax.runs import workdir_io
 
 # Every `meta.pile_set_name` of the Pile (Gao et al. 2020, table 1); the uncopyrighted release
 # drops Books3, BookCorpus2, OpenSubtitles and YoutubeSubtitles.
@@ -91,7 +92,7 @@ def split_of_path(rel: str) -> str | None:
 
 def resolve(pile_dir: str) -> str:
   """`pile_dir` absolute (a bucket URL such as gs://... kept)."""
-  return pile_dir if '://' in pile_dir else os.path.abspath(os.path.expanduser(pile_dir))
+  return workdir_io.absolute(pile_dir)
 
 
 def list_files(pile_dir: str) -> list[tuple[str, int, int]]:
@@ -99,18 +100,12 @@ def list_files(pile_dir: str) -> list[tuple[str, int, int]]:
   if not pile_dir:
     raise ValueError("data.pile_dir is empty: set it to a folder of the Pile's .jsonl(.zst) "
                      "files for dataset='pile'")
-  root = epath.Path(resolve(pile_dir))
-  if not root.is_dir():
+  root = resolve(pile_dir)
+  if not epath.Path(root).is_dir():
     raise ValueError(f'data.pile_dir={pile_dir!r} is not a directory')
-  out = []
-  for dirpath, _, filenames in root.walk():
-    for name in filenames:
-      path = epath.Path(dirpath) / name
-      rel = os.path.relpath(str(path), str(root))
-      if not any(part.startswith('.') for part in rel.split('/')):  # hidden entries skipped
-        st = path.stat()
-        out.append((rel, int(st.length), int(st.mtime)))
-  return sorted(out)
+  # workdir_io's walk (hidden entries skipped), not epath's: on gs:// that yields folders
+  # without their gs:// prefix.
+  return [(rel, int(size), int(mtime)) for rel, size, mtime in workdir_io.walk_files(root)]
 
 
 def split_files(pile_dir: str, splits) -> dict:
