@@ -12,10 +12,14 @@ made once per test session.
   the others wait and read). Tests that only read a trained run (evaluation, restore, init_from,
   conversion, tokenizer pinning, position statistics) use these; a test that changes the run
   copies it first (`copy_run`).
+- `make_pile_folder(root)`: a small folder in the Pile's format, `PAPER_SHRUNK`: the flags that
+  shrink configs/paper_151m.py to a 3-step tiny run (tests/data/test_data_pile.py,
+  tests/runs/test_gcs_end_to_end.py).
 """
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -90,6 +94,70 @@ def write_text_folder(path):
       lines.append(sentence.capitalize() + str(rng.choice(['.', '!', '?', ','])))
     with open(os.path.join(path, f'doc{d:03d}.txt'), 'w', encoding='utf-8') as f:
       f.write('\n'.join(lines) + '\n')
+
+
+# A folder in the Pile's format (bipe_jax/data/pile.py) whose records the tests know.
+PILE_SUBSETS = ('ArXiv', 'Github', 'Gutenberg (PG-19)', 'Pile-CC')
+PILE_WORDS = ('the model reads a long book . then it writes code\nand proofs ! why ? because '
+              'segments matter . ').split(' ')
+
+
+def _pile_text(rng, n_words: int) -> str:
+  return ' '.join(rng.choice(PILE_WORDS, n_words))
+
+
+def make_records(seed: int, n: int) -> list[dict]:
+  """n Pile records cycling through PILE_SUBSETS, with texts of 20-80 words."""
+  rng = np.random.default_rng(seed)
+  return [{'text': f'doc {seed}-{i}: ' + _pile_text(rng, int(rng.integers(20, 80))),
+           'meta': {'pile_set_name': PILE_SUBSETS[i % len(PILE_SUBSETS)]}} for i in range(n)]
+
+
+# Lines the reader must skip, each counted once: not JSON, JSON without a text, a non-object,
+# and (only under a subset selection) a record without meta.pile_set_name.
+BAD_LINES = ['{not json', json.dumps({'meta': {'pile_set_name': 'ArXiv'}}), json.dumps([1, 2])]
+NO_META = {'text': 'a record without meta'}
+
+
+def write_file(path, lines: list[str]) -> None:
+  """`lines` joined into the local file `path` (zstd-compressed for a .zst name)."""
+  data = ('\n'.join(lines) + '\n').encode()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  if str(path).endswith('.zst'):
+    import zstandard  # pylint: disable=g-import-not-at-top (only the Pile tests)
+    data = zstandard.ZstdCompressor(level=3).compress(data)
+  with open(path, 'wb') as f:
+    f.write(data)
+
+
+def make_pile_folder(root, n_train: int = 24, n_val: int = 12) -> dict:
+  """Writes a local Pile-format folder (train/00.jsonl.zst, train/01.jsonl, val.jsonl.zst,
+  test.jsonl, README.md, .hidden/val.jsonl); returns {relative path: records} of its data files
+  (the valid records, NO_META included; the bad lines are not records)."""
+  files = {'train/00.jsonl.zst': make_records(0, n_train),
+           'train/01.jsonl': make_records(1, n_train),
+           'val.jsonl.zst': make_records(2, n_val),
+           'test.jsonl': make_records(3, n_val)}
+  files['train/01.jsonl'].insert(3, NO_META)
+  for rel, records in files.items():
+    lines = [json.dumps(r) for r in records]
+    if rel == 'train/01.jsonl':  # the skipped kinds of line, and an empty one, in the middle
+      lines[3:3] = BAD_LINES + ['']
+    write_file(os.path.join(root, rel), lines)
+  write_file(os.path.join(root, 'README.md'), ['not data'])
+  write_file(os.path.join(root, '.hidden', 'val.jsonl'), [json.dumps(NO_META)])
+  return files
+
+
+# configs/paper_151m.py:bipe_rope shrunk by flags to a 1-layer width-32 model, rows of 32 tokens,
+# a 300-piece tokenizer, batch 2, 3 steps, checkpoint 3 saved synchronously (add the data flags:
+# data.pile_dir, data.data_dir).
+PAPER_SHRUNK = tuple(f'--config.{flag}' for flag in (
+    'data.tokenizer_vocab_size=300', 'model.vocab_size=300', 'model.hidden_size=32',
+    'model.num_layers=1', 'model.num_heads=2', 'model.ffn_size=64', 'model.max_intra=32',
+    'model.max_position=32', 'model.block_size=32', 'data.seq_len=32', 'train.batch_size=2',
+    'train.steps=3', 'train.warmup_steps=1', 'train.log_every=1', 'checkpoint.every_steps=3',
+    'checkpoint.async_save=false', 'data.num_threads=1', 'data.shuffle_window=8'))
 
 
 def session_dir(tmp_path_factory, name):

@@ -15,7 +15,6 @@ import types
 
 import numpy as np
 import pytest
-import zstandard
 
 from bipe_jax import data as data_lib
 from bipe_jax.data import pile
@@ -26,53 +25,6 @@ from configs import paper_151m
 from tests import fixtures
 
 ROOT = fixtures.ROOT
-SUBSETS = ('ArXiv', 'Github', 'Gutenberg (PG-19)', 'Pile-CC')
-WORDS = ('the model reads a long book . then it writes code\nand proofs ! why ? because '
-         'segments matter . ').split(' ')
-
-
-def _text(rng, n_words: int) -> str:
-  return ' '.join(rng.choice(WORDS, n_words))
-
-
-def make_records(seed: int, n: int) -> list[dict]:
-  """n Pile records cycling through SUBSETS, with texts of 20-80 words."""
-  rng = np.random.default_rng(seed)
-  return [{'text': f'doc {seed}-{i}: ' + _text(rng, int(rng.integers(20, 80))),
-           'meta': {'pile_set_name': SUBSETS[i % len(SUBSETS)]}} for i in range(n)]
-
-
-# Lines the reader must skip, each counted once: not JSON, JSON without a text, a non-object,
-# and (only under a subset selection) a record without meta.pile_set_name.
-BAD_LINES = ['{not json', json.dumps({'meta': {'pile_set_name': 'ArXiv'}}), json.dumps([1, 2])]
-NO_META = {'text': 'a record without meta'}
-
-
-def write_file(path, lines: list[str]) -> None:
-  data = ('\n'.join(lines) + '\n').encode()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  if str(path).endswith('.zst'):
-    data = zstandard.ZstdCompressor(level=3).compress(data)
-  with open(path, 'wb') as f:
-    f.write(data)
-
-
-def make_pile_folder(root, n_train: int = 24, n_val: int = 12) -> dict:
-  """Writes a Pile-format folder; returns {relative path: records} of its data files (the
-  valid records, NO_META included; the bad lines are not records)."""
-  files = {'train/00.jsonl.zst': make_records(0, n_train),
-           'train/01.jsonl': make_records(1, n_train),
-           'val.jsonl.zst': make_records(2, n_val),
-           'test.jsonl': make_records(3, n_val)}
-  files['train/01.jsonl'].insert(3, NO_META)
-  for rel, records in files.items():
-    lines = [json.dumps(r) for r in records]
-    if rel == 'train/01.jsonl':  # the skipped kinds of line, and an empty one, in the middle
-      lines[3:3] = BAD_LINES + ['']
-    write_file(os.path.join(root, rel), lines)
-  write_file(os.path.join(root, 'README.md'), ['not data'])
-  write_file(os.path.join(root, '.hidden', 'val.jsonl'), [json.dumps(NO_META)])
-  return files
 
 
 def expected_texts(files: dict, split_files, subsets) -> list[str]:
@@ -115,7 +67,7 @@ def test_split_of_path(rel, split):
 
 
 def test_reader_selects_subsets_and_counts_skipped_lines(tmp_path):
-  files = make_pile_folder(tmp_path / 'pile')
+  files = fixtures.make_pile_folder(tmp_path / 'pile')
   found = pile.split_files(str(tmp_path / 'pile'), ('train', 'validation', 'test'))
   assert found == {'train': ['train/00.jsonl.zst', 'train/01.jsonl'],
                    'validation': ['val.jsonl.zst'], 'test': ['test.jsonl']}
@@ -127,7 +79,7 @@ def test_reader_selects_subsets_and_counts_skipped_lines(tmp_path):
     assert len({i for i, _ in docs}) == len(docs)
     # the first record of the zst file is line 1; the plain file's ids count the skipped lines
     assert docs[0][0] == 'train/00.jsonl.zst:1' or subsets
-    assert report.bad_json_lines == len(BAD_LINES)
+    assert report.bad_json_lines == len(fixtures.BAD_LINES)
     if subsets:  # the record without meta cannot be selected: counted, not kept
       assert report.missing_subset == 1
       assert report.other_subsets == 2 * 24 - len(docs)
@@ -144,7 +96,8 @@ def test_errors_name_the_folder(tmp_path):
     pile.list_files('')
   with pytest.raises(ValueError, match='is not a directory'):
     pile.list_files(str(tmp_path / 'missing'))
-  write_file(str(tmp_path / 'p' / 'train' / '00.jsonl'), [json.dumps(make_records(0, 1)[0])])
+  fixtures.write_file(str(tmp_path / 'p' / 'train' / '00.jsonl'),
+                      [json.dumps(fixtures.make_records(0, 1)[0])])
   with pytest.raises(ValueError, match=r"has no .jsonl / .jsonl.zst file for split\(s\) "
                                        r"\['validation'\]"):
     pile.split_files(str(tmp_path / 'p'), ('train', 'validation'))
@@ -154,7 +107,7 @@ def test_built_dataset_trains_and_evaluates_per_subset(tmp_path):
   """Built as TFDS array_record: the splits hold exactly the selected records (as a set: TFDS
   orders examples by key hash), training rows come out, and each evaluation subset is its own
   dataset of the validation file."""
-  files = make_pile_folder(tmp_path / 'pile')
+  files = fixtures.make_pile_folder(tmp_path / 'pile')
   train_cfg = pile_config(tmp_path, tmp_path / 'pile')
   prepared = data_lib.prepare(train_cfg)
   assert prepared.built and prepared.trained_tokenizer
@@ -166,7 +119,7 @@ def test_built_dataset_trains_and_evaluates_per_subset(tmp_path):
     tfds_builders.open_split(train_cfg, 'test')
   report = tfds_builders.read_report(train_cfg)
   assert report['documents'] == {'train': 49, 'validation': 12}
-  assert report['bad_json_lines'] == len(BAD_LINES)
+  assert report['bad_json_lines'] == len(fixtures.BAD_LINES)
   for split in ('train', 'validation'):  # counted on 2 threads = the stream's length
     assert token_count.count_tokens(train_cfg, split, 2, batch_documents=5) == len(
         data_lib.eval_stream(train_cfg, split))
@@ -191,11 +144,11 @@ def test_built_dataset_trains_and_evaluates_per_subset(tmp_path):
 
 
 def test_a_changed_file_is_a_new_dataset(tmp_path):
-  make_pile_folder(tmp_path / 'pile', n_train=4, n_val=4)
+  fixtures.make_pile_folder(tmp_path / 'pile', n_train=4, n_val=4)
   cfg = pile_config(tmp_path, tmp_path / 'pile')
   first = tfds_builders.dataset_root(cfg)
-  write_file(str(tmp_path / 'pile' / 'val.jsonl.zst'),
-             [json.dumps(r) for r in make_records(9, 5)])
+  fixtures.write_file(str(tmp_path / 'pile' / 'val.jsonl.zst'),
+                      [json.dumps(r) for r in fixtures.make_records(9, 5)])
   assert tfds_builders.dataset_root(cfg) != first
   assert tfds_builders.dataset_root(pile_config(tmp_path, tmp_path / 'pile',
                                                 pile_subsets='arxiv')) != tfds_builders.dataset_root(cfg)
@@ -213,16 +166,10 @@ def test_paper_presets_read_the_pile():
 
 @pytest.mark.slow
 def test_paper_preset_shrunk_by_flags_trains_3_steps_on_a_pile_folder(tmp_path):
-  make_pile_folder(tmp_path / 'pile')
+  fixtures.make_pile_folder(tmp_path / 'pile')
   workdir = tmp_path / 'run'
-  c = '--config.'
-  flags = [f'{c}data.pile_dir={tmp_path / "pile"}', f'{c}data.data_dir={tmp_path / "data"}',
-           f'{c}data.tokenizer_vocab_size=300', f'{c}model.vocab_size=300',
-           f'{c}model.hidden_size=32', f'{c}model.num_layers=1', f'{c}model.num_heads=2',
-           f'{c}model.ffn_size=64', f'{c}model.max_intra=32', f'{c}model.max_position=32',
-           f'{c}model.block_size=32', f'{c}data.seq_len=32', f'{c}train.batch_size=2',
-           f'{c}train.steps=3', f'{c}train.warmup_steps=1', f'{c}train.log_every=1',
-           f'{c}checkpoint.every_steps=3', f'{c}data.num_threads=1', f'{c}data.shuffle_window=8']
+  flags = [f'--config.data.pile_dir={tmp_path / "pile"}',
+           f'--config.data.data_dir={tmp_path / "data"}', *fixtures.PAPER_SHRUNK]
   proc = subprocess.run(
       [sys.executable, 'train/main.py', '--config=configs/paper_151m.py:bipe_rope',
        f'--workdir={workdir}', *flags],
@@ -240,7 +187,7 @@ def test_paper_preset_shrunk_by_flags_trains_3_steps_on_a_pile_folder(tmp_path):
 def test_build_data_takes_a_presets_data_section(tmp_path):
   """train/build_data.py --config=<paper preset>: the Pile from the preset, flags on top; an
   evaluation subset built alone (its validation split only) and counted."""
-  files = make_pile_folder(tmp_path / 'pile')
+  files = fixtures.make_pile_folder(tmp_path / 'pile')
   # an evaluation set alone: nothing to train a tokenizer on, none trained
   eval_only = data_lib.prepare(pile_config(tmp_path, tmp_path / 'pile', pile_subsets='arxiv',
                                            pile_splits='validation'))

@@ -12,12 +12,16 @@ empty local folder: a path that bypassed the I/O layer would leave a folder name
    every 4 steps) and are killed (SIGKILL) after the first; one process resumes from it with the
    same command and repeats the killed run's losses;
 3. one more process evaluates perplexity, runs passkey, exports to a Hugging Face folder and
-   compiles the run's config for a TPU topology, each writing its output into the bucket.
+   compiles the run's config for a TPU topology, each writing its output into the bucket;
+4. docs/multihost.md's command of the paper preset (configs/paper_151m.py:bipe_rope), shrunk by
+   flags, trains 3 steps on a Pile-format folder in the bucket (its data built into gs:// too).
 """
 
 import json
 import logging
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -108,7 +112,7 @@ def _env(url, cwd, devices=1):
              JAX_COMPILATION_CACHE_DIR=str(cwd / 'jax_cache'),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+             XLA_FLAGS=fixtures.xla_flags(devices))
   return env
 
 
@@ -251,3 +255,44 @@ def test_evaluate_passkey_export_and_compile_read_and_write_the_bucket(killed_an
   assert json.loads(fs.cat(f'{BUCKET}/out/compile.json'))
   for png in ('perplexity.png', 'passkey.png'):
     assert fs.cat(f'{BUCKET}/out/{png}')[:4] == b'\x89PNG'
+
+
+def _documented_paper_command() -> list[str]:
+  """docs/multihost.md's command of the paper preset shrunk by flags, as arguments run from an
+  empty folder: the interpreter, absolute script and config paths, this test's bucket."""
+  with open(os.path.join(ROOT, 'docs', 'multihost.md'), encoding='utf-8') as f:
+    blocks = re.findall(r'```\n(.*?)```', f.read(), re.S)
+  [block] = [b for b in blocks if b.startswith('STORAGE_EMULATOR_HOST=')]
+  words = shlex.split(block.replace('\\\n', ' ').replace('BUCKET', BUCKET))
+  assert words[:4] == ['STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT', 'python', 'train/main.py',
+                       '--config=configs/paper_151m.py:bipe_rope'], words
+  data = [f'--workdir=gs://{BUCKET}/paper_run', f'--config.data.pile_dir=gs://{BUCKET}/pile',
+          f'--config.data.data_dir=gs://{BUCKET}/pile_data']
+  assert words[4:] == [*data, *fixtures.PAPER_SHRUNK], words  # test_data_pile's shrunk run
+  return [sys.executable, os.path.join(ROOT, words[2]),
+          f'--config={os.path.join(ROOT, "configs", "paper_151m.py")}:bipe_rope', *words[4:]]
+
+
+def test_paper_preset_shrunk_by_flags_trains_3_steps_on_a_pile_folder_in_the_bucket(storage,
+                                                                                    tmp_path):
+  """docs/multihost.md's launch of the paper preset on a bucket, shrunk by flags: the
+  Pile-format folder, the built data and its tokenizer (trained on the bucket's folder), the
+  run: all gs://."""
+  url, fs, cwd = storage
+  fixtures.make_pile_folder(tmp_path / 'pile')
+  fs.put(str(tmp_path / 'pile'), f'{BUCKET}/pile', recursive=True)
+  _run(_documented_paper_command(), url, cwd)
+  assert sorted(_losses(fs, 'paper_run')) == [1, 2, 3]
+  names = {os.path.relpath(n, f'{BUCKET}/paper_run') for n in fs.find(f'{BUCKET}/paper_run')}
+  assert {'config.json', 'checkpoints/3/commit_success.txt'} <= names, sorted(names)
+  data = fs.find(f'{BUCKET}/pile_data')
+  assert any('/bipe_pile/' in n and n.endswith('dataset_info.json') for n in data), data
+  assert any('.array_record-' in n for n in data), data
+  assert any(n.endswith('spm_bpe_300.model') for n in data), data
+  config = json.loads(fs.cat(f'{BUCKET}/paper_run/config.json'))
+  assert config['data']['dataset'] == 'pile', config['data']
+  assert config['data']['pile_dir'] == f'gs://{BUCKET}/pile', config['data']
+  # the preset's encoding, and settings the flags left as the preset has them
+  assert config['model']['position_encoding'] == 'bipe_rope', config['model']
+  assert config['model']['separators'] == 'auto', config['model']
+  assert (config['train']['learning_rate'], config['train']['b2']) == (1e-4, 0.98)
