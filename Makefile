@@ -46,8 +46,10 @@ setup: $(TEST_STAMP)
 
 # The whole suite, slow end-to-end tests included (what .ci/run runs); the 25 slowest tests are
 # listed at the end. --dist loadfile keeps a test file on one worker, so a module's shared
-# fixture (a compile, a subprocess run) is built once, not once per worker.
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+# fixture (a compile, a subprocess run) is built once, not once per worker; the files go out
+# in conftest.py's order, longest first (--no-loadscope-reorder: xdist would otherwise order
+# them by their number of tests).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 test: $(TEST_STAMP)
 	$(PYTEST) --durations=25 --ignore=tests/gpu tests
 

@@ -54,6 +54,8 @@ def build_step(encoding: str, impl: str, args):
     config.model.max_intra = max(int(config.model.max_intra), args.seq_len)
     config.model.block_size = args.block_size
     config.train.batch_size = args.batch_size
+    if args.smoke:  # the smallest model that still runs every part of the step
+      config.model.num_layers, config.model.hidden_size, config.model.ffn_size = 1, 64, 128
   model_config = config_lib.model_config_from_dict(config.model)
   devices = jax.devices()[:1]
   mesh = mesh_lib.make_mesh(config.mesh, devices)
@@ -82,7 +84,8 @@ def main(argv=None) -> int:
   parser.add_argument('--block_size', type=int, default=128)
   parser.add_argument('--repeats', type=int, default=10)
   parser.add_argument('--smoke', action='store_true',
-                      help='the tiny preset, 2 x 64 tokens, 1 repeat (checks the script runs)')
+                      help='the tiny preset at 1 layer of width 64, 2 x 64 tokens, 1 repeat (checks '
+                      'the script runs)')
   parser.add_argument('--out', default='', help='write the figures as JSON here')
   args = parser.parse_args(argv)
   if args.smoke:

@@ -6,8 +6,10 @@ AdamW with clipping, float32 next-token loss) on a one-device mesh -- on a fixed
 batch, plus the facts a benchmark needs (tokens per step, FLOPs per token from the
 code's own formula in `bipe_jax.training.flops`, parameter count).
 
-Presets are the config files in configs/ ('tiny', ...) plus 'small', defined here: a
-CPU-sized step up from tiny (width 256, 6 layers, 8 heads, FFN 1024, batch 16 x 256).
+Presets are the config files in configs/ ('tiny', ...) plus two defined here: 'small', a
+CPU-sized step up from tiny (width 256, 6 layers, 8 heads, FFN 1024, batch 16 x 256), and
+'smoke', the smallest step that still runs every part (1 layer, width 32, vocab 256, batch
+2 x 32: the benchmarks' smoke runs, tests/project/test_benchmarks_smoke.py).
 No tokenizer is needed: `model.separators` is set to 'ids' with `SEPARATOR_IDS`, and
 tokens are uniform random ids (position streams cost the same whatever the ids).
 """
@@ -31,18 +33,27 @@ SMALL_OVERRIDES = {
     'data.seq_len': 256, 'train.batch_size': 16,
 }
 
+SMOKE_OVERRIDES = {
+    'model.hidden_size': 32, 'model.num_layers': 1, 'model.num_heads': 2,
+    'model.ffn_size': 64, 'model.vocab_size': 256, 'model.max_intra': 32,
+    'model.max_position': 32, 'model.block_size': 16, 'data.seq_len': 32,
+    'train.batch_size': 2, 'train.loss_chunk_tokens': 0,
+}
+BUILT_IN = {'small': SMALL_OVERRIDES, 'smoke': SMOKE_OVERRIDES}  # on top of configs/tiny.py
+
 
 def load_config(preset: str, overrides: Mapping[str, Any] | None = None):
-  """configs/<preset>.py's get_config() (or 'small'), with dotted `overrides` applied."""
-  if preset == 'small':
+  """configs/<preset>.py's get_config() (or 'small' / 'smoke'), with dotted `overrides`
+  applied."""
+  if preset in BUILT_IN:
     config = importlib.import_module('configs.tiny').get_config()
-    overrides = {**SMALL_OVERRIDES, **(overrides or {})}
+    overrides = {**BUILT_IN[preset], **(overrides or {})}
   else:
     try:
       config = importlib.import_module(f'configs.{preset}').get_config()
     except ModuleNotFoundError as e:
-      raise ValueError(f"unknown preset {preset!r}: use 'small' or a file name in configs/ "
-                       "(e.g. 'tiny', 'rope_151m')") from e
+      raise ValueError(f"unknown preset {preset!r}: use 'small', 'smoke' or a file name in "
+                       "configs/ (e.g. 'tiny', 'rope_151m')") from e
   config.model.separators = 'ids'
   config.model.separator_ids = SEPARATOR_IDS
   for key, value in (overrides or {}).items():

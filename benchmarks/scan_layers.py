@@ -27,6 +27,8 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--depths', default='12,24')
   p.add_argument('--encoding', default='rope')
+  p.add_argument('--preset', default='tiny', help="the width's preset (jax_step: 'smoke' is the "
+                 'smallest)')
   p.add_argument('--cpu_devices', type=int, default=2)
   p.add_argument('--warmup', type=int, default=1)
   p.add_argument('--repeats', type=int, default=5)
@@ -39,7 +41,7 @@ def main(argv=None) -> None:
       name = f'{depth} layers, {"scanned" if scanned else "unrolled"}'
       start = time.perf_counter()
       steps[name] = jax_step.make_project_step(
-          'tiny', {'model.num_layers': depth, 'model.scan_layers': scanned,
+          args.preset, {'model.num_layers': depth, 'model.scan_layers': scanned,
                    'model.position_encoding': args.encoding}, devices=devices)
       compile_s[name] = time.perf_counter() - start
       print(f'built {name} in {compile_s[name]:.1f} s', file=sys.stderr, flush=True)
@@ -56,7 +58,7 @@ def main(argv=None) -> None:
   table = common.markdown_table(
       ['model', 'compile + first step (s)', 'vs unrolled', 'step (ms)', 'step vs unrolled'],
       rows)
-  common.report(f'Scanned vs unrolled layers ({args.encoding}, tiny width)', table,
+  common.report(f'Scanned vs unrolled layers ({args.encoding}, {args.preset} width)', table,
                 [f'{args.repeats} interleaved rounds; data-parallel over {devices} CPU '
                  'device(s)'], out=args.out, data=data)
 

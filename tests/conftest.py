@@ -60,8 +60,8 @@ FILE_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'file_se
 
 
 def pytest_collection_modifyitems(config, items):
-  """Hands the test files to pytest-xdist's workers longest first (`--dist loadfile` gives out
-  whole files in collection order), so that the run does not end with one worker on a long
+  """Hands the test files to pytest-xdist's workers longest first (`--dist loadfile
+  --no-loadscope-reorder`, as `make test` runs it, gives out whole files in collection order), so that the run does not end with one worker on a long
   file while the other is idle. tests/file_seconds.json holds each file's seconds from a past
   run (`make test-times` rewrites it); a file it does not list counts as a minute, so a new
   file is scheduled early rather than last. Within a file the order is unchanged."""

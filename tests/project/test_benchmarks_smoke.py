@@ -29,10 +29,10 @@ TINY_SHAPE = ['--layers', '1', '--width', '32', '--heads', '2', '--ffn', '64', '
 # script -> (group, arguments); {tmp} is the test's temporary directory.
 SMOKE = {
     # The project's training step (benchmarks/jax_step.py) and the PyTorch side.
-    'encoding_cost.py': ('steps', ['--preset', 'tiny', '--encodings', 'bipe_rope', *ONE_STEP]),
-    'mfu.py': ('steps', ['--presets', 'tiny', '--encodings', 'rope', *ONE_STEP]),
-    'profile_step.py': ('steps', ['--preset', 'tiny', '--steps', '1', '--top', '3']),
-    'scan_layers.py': ('steps', ['--depths', '1', *ONE_STEP]),
+    'encoding_cost.py': ('steps', ['--preset', 'smoke', '--encodings', 'bipe_rope', *ONE_STEP]),
+    'mfu.py': ('steps', ['--presets', 'smoke', '--encodings', 'rope', *ONE_STEP]),
+    'profile_step.py': ('steps', ['--preset', 'smoke', '--steps', '1', '--top', '3']),
+    'scan_layers.py': ('steps', ['--depths', '1', '--preset', 'smoke', *ONE_STEP]),
     'vs_pytorch.py': ('steps', [*TINY_SHAPE, '--impls', 'dense', *ONE_STEP]),
     'hf_llama_step.py': ('steps', [*TINY_SHAPE, '--warmup', '0', '--repeats', '1']),
     # Kernels, memory, data, cores.
@@ -72,7 +72,7 @@ SMOKE = {
 }
 
 _DRIVER = r'''
-import json, os, runpy, sys, traceback
+import json, os, runpy, sys, time, traceback
 runs, tmp = json.loads(sys.argv[1]), sys.argv[2]
 for script, argv in runs:
   path = os.path.join('benchmarks', script)
@@ -83,6 +83,7 @@ for script, argv in runs:
                               '--config.model.num_layers=1', os.path.join(tmp, 'compile_table'))
   sys.argv = [path, *argv]
   print(f'smoke start: {script}', flush=True)
+  start = time.time()
   try:
     runpy.run_path(path, run_name='__main__')
   except SystemExit as e:
@@ -94,6 +95,7 @@ for script, argv in runs:
     print(f'smoke FAILED: {script} raised', flush=True)
     sys.exit(1)
   print(f'smoke ok: {script}', flush=True)
+  print(f'smoke seconds: {script} {time.time() - start:.1f}', flush=True)
 '''
 
 
@@ -113,6 +115,7 @@ def run_group(group, tmp_path):
   proc = subprocess.run([sys.executable, '-c', _DRIVER, json.dumps(runs), str(tmp_path)],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
   out = proc.stdout + proc.stderr
+  print('\n'.join(l for l in proc.stdout.splitlines() if l.startswith('smoke seconds: ')))
   assert proc.returncode == 0, out[-6000:]
   assert [l for l in proc.stdout.splitlines() if l.startswith('smoke ok: ')] == [
       f'smoke ok: {s}' for s, _ in runs], out[-6000:]
