@@ -24,17 +24,29 @@ def test_left_pad_by_hand():
 
 @pytest.mark.parametrize('name', schemes.SCHEME_NAMES)
 def test_padded_batch_decodes_as_each_prompt_alone(name):
+  """The left-padded batch's greedy continuation and logits equal those of each prompt alone,
+  computed without padding and without a cache: one full forward of the row (the prompt and
+  the tokens the batch generated for it) gives the logits each generated token was drawn from
+  and, by its argmax, the greedy token. The rows are right-filled to one length for a single
+  compile: a causal model's logits do not depend on later tokens (test_model.py checks that for
+  every scheme). test_generation.py checks cached decoding of one prompt against the full
+  forward for every scheme."""
   model, params = _tiny_model(name)
   tokens, valid = generation.left_pad(PROMPTS, pad_value=PAD)
   new = 6
   batched, batched_logits = generation.generate(model, params, tokens, max_new_tokens=new,
                                                 return_logits=True, prompt_valid_BxP=valid)
   np.testing.assert_array_equal(batched[:, :tokens.shape[1]], tokens)
+  generated = np.asarray(batched[:, tokens.shape[1]:])
+  longest = max(map(len, PROMPTS)) + new
+  alone = np.full((len(PROMPTS), longest), PAD, np.int32)  # each row unpadded on the left
   for i, prompt in enumerate(PROMPTS):
-    alone, alone_logits = generation.generate(model, params, np.asarray([prompt], np.int32),
-                                              max_new_tokens=new, return_logits=True)
-    np.testing.assert_array_equal(batched[i, tokens.shape[1]:], alone[0, len(prompt):])
-    np.testing.assert_allclose(batched_logits[i], alone_logits[0], atol=2e-5, rtol=2e-5)
+    alone[i, :len(prompt) + new] = [*prompt, *generated[i]]
+  forward = np.asarray(jax.jit(lambda t: model.apply({'params': params}, t))(alone))
+  for i, prompt in enumerate(PROMPTS):
+    drawn_from = forward[i, len(prompt) - 1:len(prompt) - 1 + new]  # [new, V]
+    np.testing.assert_allclose(batched_logits[i], drawn_from, atol=2e-5, rtol=2e-5)
+    np.testing.assert_array_equal(generated[i], np.argmax(drawn_from, axis=-1))
 
 
 @pytest.mark.parametrize('name', ['bipe_rope', 'bipe_alibi', 'fire'])
