@@ -65,16 +65,18 @@ test-gpu: $(TEST_STAMP)
 	  JAX_PLATFORMS=cuda $(PY) benchmarks/gpu_step.py; \
 	fi
 
-# The edit loop: everything but the tests marked slow (end-to-end runs, subprocesses,
-# whole-model compiles). One package's tests: `.venv/bin/python -m pytest tests/attention`.
+# The edit loop: everything but the slow tier: the tests marked slow in their files (end-to-end
+# runs, subprocesses) and those that took 2 s or more in the recorded run (tests/test_seconds.json,
+# conftest.py). One package's tests: `.venv/bin/python -m pytest tests/attention`.
 test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "not slow" --ignore=tests/gpu tests
 
-# The whole suite, then each file's seconds written to tests/file_seconds.json: the order in
-# which conftest.py hands files to the workers (longest first). Run it after adding a long test.
+# The whole suite, then tests/test_seconds.json rewritten from it: each file's seconds (the
+# order in which conftest.py hands files to the workers, longest first) and the tests of 2 s or
+# more (the slow tier). Run it after adding or changing long tests.
 test-times: $(TEST_STAMP)
 	$(PYTEST) --junitxml=$(VENV)/test-times.xml --ignore=tests/gpu tests
-	$(PY) tests/record_file_seconds.py $(VENV)/test-times.xml
+	$(PY) tests/record_test_seconds.py $(VENV)/test-times.xml
 
 # rope and bipe_rope; demo-all adds alibi and bipe_alibi (reusing the first two runs).
 demo: $(CORE_STAMP)

@@ -31,6 +31,8 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
@@ -56,24 +58,40 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', CACHE_MAX_BYTES)
 # pylint: disable=wrong-import-position,unused-import
 from tests.fixtures import dirs, trained_rope_run, trained_run  # noqa: E402,F401
 
-FILE_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'file_seconds.json')
+TEST_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'test_seconds.json')
 
 
-def pytest_collection_modifyitems(config, items):
-  """Hands the test files to pytest-xdist's workers longest first (`--dist loadfile
-  --no-loadscope-reorder`, as `make test` runs it, gives out whole files in collection order), so that the run does not end with one worker on a long
-  file while the other is idle. tests/file_seconds.json holds each file's seconds from a past
-  run (`make test-times` rewrites it); a file it does not list counts as a minute, so a new
-  file is scheduled early rather than last. Within a file the order is unchanged."""
-  del config
+def _recorded_seconds() -> dict:
+  """tests/test_seconds.json (`make test-times` rewrites it from a whole run): {'files': each
+  file's seconds, 'slow': each test of 2 s or more}; empty when missing or unreadable."""
   import json  # pylint: disable=g-import-not-at-top
   try:
-    with open(FILE_SECONDS, encoding='utf-8') as f:
-      seconds = json.load(f)
+    with open(TEST_SECONDS, encoding='utf-8') as f:
+      return json.load(f)
   except (OSError, ValueError):
-    return
+    return {}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
+def pytest_collection_modifyitems(config, items):
+  """Two uses of the recorded seconds of a past whole run (tests/test_seconds.json):
+
+  - Tiers: a test that took 2 s or more there is marked `slow`, like the end-to-end tests marked
+    in their files, so `make test-fast` (the edit loop: `-m "not slow"`) leaves it out; `make
+    test` runs every test.
+  - Order: the files go to pytest-xdist's workers longest first (`--dist loadfile
+    --no-loadscope-reorder`, as `make test` runs it, gives out whole files in collection
+    order), so that the run does not end with one worker on a long file while the other is
+    idle. A file the record does not list counts as a minute, so a new file is scheduled early
+    rather than last. Within a file the order is unchanged.
+  """
+  del config
+  recorded = _recorded_seconds()
+  slow, files = recorded.get('slow', {}), recorded.get('files', {})
   rank = {}
   for index, item in enumerate(items):
-    rank.setdefault(item.nodeid.split('::')[0], (-seconds.get(item.nodeid.split('::')[0], 60.0),
-                                                 index))
+    if item.nodeid in slow:
+      item.add_marker(pytest.mark.slow)
+    path = item.nodeid.split('::')[0]
+    rank.setdefault(path, (-files.get(path, 60.0), index))
   items.sort(key=lambda item: rank[item.nodeid.split('::')[0]])

@@ -29,3 +29,22 @@ def test_tiny_model_config_defaults_and_overrides():
   assert cfg.position_encoding == 'bipe_rope' and cfg.separator_ids == (3,)
   rope = fixtures.tiny_model_config(position_encoding='rope', num_layers=1)
   assert rope.position_encoding == 'rope' and rope.num_layers == 1 and rope.hidden_size == 32
+
+
+def test_recorded_seconds_name_the_nodes_pytest_collects(tmp_path):
+  """tests/record_test_seconds.py: node ids as pytest writes them, per-file sums, the slow tier."""
+  from tests import record_test_seconds as record  # pylint: disable=g-import-not-at-top
+  assert record.node_id('tests.model.test_model', 'test_every_scheme[rope]') == (
+      'tests/model/test_model.py::test_every_scheme[rope]')
+  assert record.node_id('tests.che.test_che.TestGrid', 'test_cell') == (
+      'tests/che/test_che.py::TestGrid::test_cell')
+  report = tmp_path / 'report.xml'
+  report.write_text(
+      '<testsuites><testsuite>'
+      '<testcase classname="tests.a.test_x" name="test_one" time="2.5"/>'
+      '<testcase classname="tests.a.test_x" name="test_two[p]" time="0.25"/>'
+      '<testcase classname="tests.b.test_y.TestK" name="test_three" time="1.0"/>'
+      '</testsuite></testsuites>', encoding='utf-8')
+  assert record.test_seconds(str(report)) == {
+      'files': {'tests/a/test_x.py': 2.8, 'tests/b/test_y.py': 1.0},
+      'slow': {'tests/a/test_x.py::test_one': 2.5}}
