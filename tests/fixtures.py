@@ -30,7 +30,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = os.path.join(ROOT, 'train', 'main.py')
-FAST_COMPILE_FLAG = '--xla_backend_optimization_level=0'
+# Flags that make XLA's CPU compiles fast without changing what is computed (conftest.py says
+# why the suite compiles at level 0; the legacy elemental emitters compile a fusion ~2x faster
+# than the MLIR fusion emitters): each is added unless XLA_FLAGS already sets it.
+FAST_COMPILE_FLAGS = ('--xla_backend_optimization_level=0', '--xla_cpu_use_fusion_emitters=false')
 DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count'
 CLI_STEPS = 120  # train.steps of cli_args (the training_e2e baseline's length)
 CLI_EVERY = 30  # checkpoint interval of cli_args
@@ -40,13 +43,18 @@ SHORT = ('--config.train.steps=4', '--config.checkpoint.every_steps=2',
          '--config.checkpoint.async_save=False')  # the shared trained runs: checkpoints 2 and 4
 
 
+def with_fast_compile(flags: list) -> list:
+  """`flags` (XLA_FLAGS, split) with each of FAST_COMPILE_FLAGS it does not set appended."""
+  names = {f.split('=', 1)[0] for f in flags}
+  return [*flags, *(f for f in FAST_COMPILE_FLAGS if f.split('=', 1)[0] not in names)]
+
+
 def xla_flags(devices: int = 1, environ=None) -> str:
   """XLA_FLAGS of `environ` (default os.environ) for `devices` fake CPU devices: the fast-compile
-  flag and other flags kept, any device count replaced."""
+  flags and other flags kept, any device count replaced."""
   environ = os.environ if environ is None else environ
-  flags = [f for f in environ.get('XLA_FLAGS', '').split() if not f.startswith(DEVICE_COUNT_FLAG)]
-  if not any(f.startswith('--xla_backend_optimization_level') for f in flags):
-    flags.append(FAST_COMPILE_FLAG)
+  flags = with_fast_compile(
+      [f for f in environ.get('XLA_FLAGS', '').split() if not f.startswith(DEVICE_COUNT_FLAG)])
   if devices != 1:
     flags.append(f'{DEVICE_COUNT_FLAG}={devices}')
   return ' '.join(flags)

@@ -8,7 +8,7 @@ parameters' (`optax.tree_map_params`), then runs the init under
 """
 
 import contextlib
-from typing import Any
+from typing import Any, Optional
 
 import flax
 import flax.linen as nn
@@ -78,9 +78,13 @@ def state_shardings(model: nn.Module, tx: optax.GradientTransformation,
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation,
-                       mesh: jax.sharding.Mesh, seq_len: int, seed: int):
-  """(state, shardings): a freshly initialised state laid out on `mesh`."""
-  _, shardings = state_shardings(model, tx, mesh, seq_len)
+                       mesh: jax.sharding.Mesh, seq_len: int, seed: int,
+                       shardings: Optional[TrainState] = None):
+  """(state, shardings): a freshly initialised state laid out on `mesh`. `shardings`: those
+  state_shardings gives for the same arguments, when the caller has them already (else
+  computed: two more traces of the model's init)."""
+  if shardings is None:
+    _, shardings = state_shardings(model, tx, mesh, seq_len)
   with mesh_context(mesh):
     init = jax.jit(_init_fn(model, tx, seq_len), out_shardings=shardings)
     state = init(jax.random.PRNGKey(seed))

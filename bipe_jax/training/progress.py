@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+import sys
 
 
 from bipe_jax.runs import workdir_io
@@ -62,7 +63,7 @@ class ProgressLogger:
     self._jsonl = None
     if enabled:
       workdir_io.makedirs(workdir)
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      SummaryWriter = _summary_writer_class()  # pylint: disable=invalid-name
       if not workdir_io.is_local(workdir):  # events through etils.epath, like every run file
         _register_epath_event_writer(workdir.split(':')[0])
       self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
@@ -150,6 +151,21 @@ class _EpathEventWriters:
 
   def directory_check(self, path):
     workdir_io.makedirs(path)
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without PyTorch: tensorboardX imports torch at import
+  time when it is installed (3-4 s of a run's start-up) only to accept torch tensors, which this
+  logger never passes. A process that has imported torch already keeps it."""
+  if 'torch' in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    return SummaryWriter
+  sys.modules['torch'] = None  # `import torch` raises ImportError, which tensorboardX expects
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    del sys.modules['torch']
+  return SummaryWriter
 
 
 def _register_epath_event_writer(scheme: str):

@@ -50,7 +50,8 @@ class Setup:
 
   def fresh_state(self, seed: int) -> tuple[train_state_lib.TrainState, Any]:
     """(state, shardings): a freshly initialised train state, laid out on the mesh."""
-    return train_state_lib.create_train_state(self.model, self.tx, self.mesh, self.seq_len, seed)
+    return train_state_lib.create_train_state(self.model, self.tx, self.mesh, self.seq_len, seed,
+                                              shardings=self.shardings)
 
   def context(self):
     """The mesh and logical-axis rules to trace and run the step under."""

@@ -5,14 +5,15 @@ from tests import fixtures
 
 def test_xla_flags_keep_other_flags_and_the_fast_compile_level_and_replace_the_device_count():
   environ = {'XLA_FLAGS': '--xla_dump_to=/x --xla_force_host_platform_device_count=4'}
+  fast = ' '.join(fixtures.FAST_COMPILE_FLAGS)
   assert fixtures.xla_flags(8, environ) == (
-      '--xla_dump_to=/x --xla_backend_optimization_level=0 '
-      '--xla_force_host_platform_device_count=8')
-  assert fixtures.xla_flags(1, environ) == '--xla_dump_to=/x --xla_backend_optimization_level=0'
+      f'--xla_dump_to=/x {fast} --xla_force_host_platform_device_count=8')
+  assert fixtures.xla_flags(1, environ) == f'--xla_dump_to=/x {fast}'
   mine = {'XLA_FLAGS': '--xla_backend_optimization_level=2'}  # a level set by the caller stays
   assert fixtures.xla_flags(2, mine) == ('--xla_backend_optimization_level=2 '
+                                         '--xla_cpu_use_fusion_emitters=false '
                                          '--xla_force_host_platform_device_count=2')
-  assert fixtures.xla_flags(1, {}) == fixtures.FAST_COMPILE_FLAG
+  assert fixtures.xla_flags(1, {}) == fast
 
 
 def test_cpu_env_runs_jax_on_cpu_with_the_repository_importable():

@@ -14,7 +14,9 @@ eval/passkey.py; the SCROLLS fine-tune and eval/scrolls.py; the HF export
 (`bipe_jax.convert --from runs/tiny --to hf_tiny`) and the conversion back; the fine-tune from
 a Hugging Face folder; both train/compile.py commands (the 151M and 1B presets' configs,
 topologies and --output, compiled for their TPU slices with the model shrunk to one layer of
-width 64, vocabulary 512 and 128 tokens: ~6 s each, where the full-size compiles take minutes).
+width 64, vocabulary 512 and 128 tokens, without the cost model's two extra compiles
+(`--nopredict`; tests/compile/test_step_cost.py runs them): ~6 s each, where the full-size
+compiles take minutes).
 
 Placeholders of the README are the only text replaced (`PLACEHOLDERS`): `HF_LLAMA_DIR` and
 `/path/to/hf_folder` become the folder the README's export writes (so those commands wait for
@@ -61,7 +63,8 @@ SHRINK = {  # script -> flags appended to the README's command
     'eval/che_sweep.py': ('--tasks=parity_check', '--encodings=rope', '--seeds=0', '--steps=2',
                           '--batch_size=4', '--eval_lengths=41', '--eval_samples=2'),
     'train/compile.py': (*SMALL_MODEL, '--config.model.vocab_size=512',
-                         '--config.data.seq_len=128', '--config.train.batch_size=16'),
+                         '--config.data.seq_len=128', '--config.train.batch_size=16',
+                         '--nopredict'),  # the cost model's two compiles: tests/compile/test_step_cost.py
 }
 RESUME_NOTE = 'run it again to resume'
 HF_FOLDER = 'hf_tiny'  # what the README's `convert --from runs/tiny --to hf_tiny` writes
