@@ -63,11 +63,15 @@ def param_shardings(model: nn.Module, mesh: jax.sharding.Mesh, seq_len: int) -> 
 
 def state_shardings(model: nn.Module, tx: optax.GradientTransformation,
                     mesh: jax.sharding.Mesh, seq_len: int) -> tuple[TrainState, TrainState]:
-  """(abstract_state, shardings): shapes/dtypes of the state and its NamedShardings."""
-  _, param_sh = param_shardings(model, mesh, seq_len)
+  """(abstract_state, shardings): shapes/dtypes of the state and its NamedShardings (the
+  state _init_fn makes; the model's init is traced once, the optimizer's init from its
+  parameters' shapes)."""
+  abstract_params, param_sh = param_shardings(model, mesh, seq_len)
   rng = jax.random.PRNGKey(0)
   with mesh_context(mesh):
-    abstract_state = jax.eval_shape(_init_fn(model, tx, seq_len), rng)
+    abstract_state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+                                opt_state=jax.eval_shape(tx.init, abstract_params),
+                                rng=jax.eval_shape(lambda r: jax.random.split(r)[1], rng))
   repl = mesh_lib.replicated(mesh)
   opt_sh = optax.tree_map_params(
       tx, lambda _, sharding: sharding, abstract_state.opt_state, param_sh,
