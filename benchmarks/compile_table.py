@@ -41,9 +41,10 @@ ROWS = [
 
 
 def compile_row(name: str, args: str, directory: str) -> dict:
-  """Runs train/compile.py for one row; returns its JSON figures (+ the exit code)."""
+  """Runs train/compile.py for one row; returns its JSON figures (+ the exit code). Without
+  the step-time prediction (`--nopredict`: two more compiles, which the table does not show)."""
   out = os.path.join(directory, f'{name}.json')
-  command = [sys.executable, 'train/compile.py', *args.split(), f'--output={out}']
+  command = [sys.executable, 'train/compile.py', *args.split(), '--nopredict', f'--output={out}']
   env = dict(os.environ, JAX_PLATFORMS='cpu', ALLOW_MULTIPLE_LIBTPU_LOAD='1')
   proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
   if not os.path.exists(out):

@@ -94,25 +94,31 @@ def _decode_all(cfg, params, tokens, prompt_len):
 
 
 def _train_losses(cfg, params, tokens, steps=4):
+  """(losses, last gradients, the logits [B, T, V] of the first step's forward: the model's
+  full forward at `params`) of `steps` Adam steps on the repeated batch. The loss scores
+  logits[:, :-1] against tokens[:, 1:] (causal: the last token changes no earlier logit), so
+  one compiled program gives both the training run and the full forward."""
   model = Transformer(cfg)
   opt = optax.adam(3e-2)
 
   def loss_fn(p):
-    logits = model.apply({'params': p}, tokens[:, :-1])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    logits = model.apply({'params': p}, tokens)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:])
+    return nll.mean(), logits
 
   @jax.jit
   def step(p, s):
-    loss, grads = jax.value_and_grad(loss_fn)(p)
+    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
     updates, s = opt.update(grads, s, p)
-    return optax.apply_updates(p, updates), s, loss, grads
+    return optax.apply_updates(p, updates), s, loss, grads, logits
 
-  state, losses = opt.init(params), []
+  state, losses, first_logits = opt.init(params), [], None
   for _ in range(steps):
-    params, state, loss, grads = step(params, state)
+    params, state, loss, grads, logits = step(params, state)
+    first_logits = logits if first_logits is None else first_logits
     chex.assert_tree_all_finite(grads)
     losses.append(float(loss))
-  return losses, grads
+  return losses, grads, first_logits
 
 
 @pytest.mark.parametrize('name', SCHEME_NAMES)
@@ -128,8 +134,8 @@ def test_every_scheme(name):
   chex.assert_type(logits, jnp.float32)
   chex.assert_tree_all_finite(logits)
 
-  # Blockwise (3 blocks of 8) equals dense.
-  dense_logits = _forward(dense_cfg)(params, tokens)
+  # Blockwise (3 blocks of 8) equals dense (the dense forward of the training run below).
+  losses, grads, dense_logits = _train_losses(dense_cfg, params, tokens)
   np.testing.assert_allclose(logits, dense_logits, atol=1e-5, rtol=1e-5)
 
   # Causality: changing tokens after t leaves logits up to t unchanged (same compiled fn).
@@ -146,7 +152,6 @@ def test_every_scheme(name):
   assert int(cache['index']) == T
 
   # Training: the loss on a repeated tiny batch goes down with Adam.
-  losses, grads = _train_losses(dense_cfg, params, tokens)
   assert losses[-1] < losses[0] - 0.1, losses
   moved = [float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(grads)]
   assert all(moved), 'every parameter must receive a gradient'

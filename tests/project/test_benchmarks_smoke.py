@@ -48,7 +48,7 @@ SMOKE = {
                                                   '--block_size', '32']),
     'core_parallelism.py': ('other', ['--size', '32', '--seconds', '0.2']),
     'row_mixing.py': ('other', ['--data_dir', '{tmp}/data', '--seq_lens', '64', '--windows',
-                                '0']),
+                                '0', '--batches', '2']),
     'data_pipeline.py': ('other', ['--data_dir', '{tmp}/data', '--nofresh', '--batches', '2',
                                    '--batch_size', '2']),
     'fox_pruning.py': ('other', ['--lengths', '64', '--heads', '2', '--head_dim', '8',
