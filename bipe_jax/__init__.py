@@ -16,4 +16,4 @@ from bipe_jax import platforms as _platforms
 
 _platforms.use_cpu_without_accelerator()
 
-__version__ = '0.1.0'  # equal to pyproject.toml's version (tests/project/test_release.py)
+__version__ = '0.2.0'  # equal to pyproject.toml's version (tests/project/test_release.py)
