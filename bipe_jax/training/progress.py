@@ -18,8 +18,8 @@ Throughput is measured between metric fetches, so the first step (compilation) i
 import json
 import math
 import os
-import time
 import sys
+import time
 
 
 from bipe_jax.runs import workdir_io

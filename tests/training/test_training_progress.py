@@ -105,3 +105,22 @@ def test_unknown_accelerator_reports_no_mfu(tmp_path):
   logger.record(1, {'loss': 1.0, 'learning_rate': 1e-3})
   metrics = logger.record(2, {'loss': 1.0, 'learning_rate': 1e-3})
   assert 'mfu' not in metrics and 'MFU' not in progress.format_line(2, 2, metrics)
+
+
+def test_the_tensorboard_writer_is_imported_without_pytorch():
+  """tensorboardX imports torch when it is installed (3-4 s of every run's start-up); the
+  logger imports it with torch blocked, and torch stays importable afterwards (the suite's
+  environment has torch: requirements-interop.txt)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from tests import fixtures  # pylint: disable=g-import-not-at-top
+  code = ('import sys\n'
+          'from bipe_jax.training import progress\n'
+          'assert progress._summary_writer_class().__name__ == "SummaryWriter"\n'
+          'print("torch" in sys.modules)\n'
+          'import torch\n'
+          'print(torch.__name__)\n')
+  proc = subprocess.run([sys.executable, '-c', code], cwd=fixtures.ROOT, env=fixtures.cpu_env(),
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ['False', 'torch'], proc.stdout
