@@ -10,7 +10,11 @@ the flags when it sets a device count) — compiles at level 0 unless XLA_FLAGS 
 It also compiles fusions with XLA's legacy elemental emitters (`--xla_cpu_use_fusion_emitters=
 false`): the MLIR fusion emitters spend ~20 ms per fusion, most of a tiny model's compile (a
 2-layer training gradient: 2.5 s -> 1.3 s on the 2-core machine); both emit the same HLO
-computation. fixtures.FAST_COMPILE_FLAGS lists the flags; one set in XLA_FLAGS is kept.
+computation. And it emits each program as one LLVM module (`--xla_cpu_parallel_codegen_split_count=
+1`): XLA's default splits a program's LLVM module into parts compiled on parallel threads, which
+on two cores costs more CPU than it saves (the compiles of five tiny models' gradients: 8.1-8.7 s
+of CPU, 6.0-6.3 s with one module). fixtures.FAST_COMPILE_FLAGS lists the flags; one set in
+XLA_FLAGS is kept.
 
 For the same reason the suite shares one persistent compilation cache among its pytest-xdist
 workers and the subprocesses they start (a fresh temporary directory per `pytest` invocation,

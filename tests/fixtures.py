@@ -22,18 +22,22 @@ import fcntl
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests import forkserver
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = os.path.join(ROOT, 'train', 'main.py')
 # Flags that make XLA's CPU compiles fast without changing what is computed (conftest.py says
 # why the suite compiles at level 0; the legacy elemental emitters compile a fusion ~2x faster
-# than the MLIR fusion emitters): each is added unless XLA_FLAGS already sets it.
-FAST_COMPILE_FLAGS = ('--xla_backend_optimization_level=0', '--xla_cpu_use_fusion_emitters=false')
+# than the MLIR fusion emitters; one LLVM module per program instead of XLA's split into parts
+# compiled on parallel threads, which costs ~27% more CPU in all on this 2-core machine): each
+# is added unless XLA_FLAGS already sets it.
+FAST_COMPILE_FLAGS = ('--xla_backend_optimization_level=0', '--xla_cpu_use_fusion_emitters=false',
+                      '--xla_cpu_parallel_codegen_split_count=1')
 DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count'
 CLI_STEPS = 120  # train.steps of cli_args (the training_e2e baseline's length)
 CLI_EVERY = 30  # checkpoint interval of cli_args
@@ -216,7 +220,7 @@ def cli_env(dirs=None, devices=1):  # pylint: disable=redefined-outer-name,unuse
 
 
 def run_cli(dirs, workdir, *extra, devices=1, expect=0):  # pylint: disable=redefined-outer-name
-  proc = subprocess.run(cli_args(dirs, workdir, *extra), cwd=ROOT, env=cli_env(dirs, devices),
+  proc = forkserver.run(cli_args(dirs, workdir, *extra), cwd=ROOT, env=cli_env(dirs, devices),
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
   return proc

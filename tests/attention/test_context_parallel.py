@@ -9,7 +9,6 @@ the unsharded computation, and the tests here assert on them.
 import functools
 import json
 import os
-import subprocess
 import sys
 
 import jax
@@ -20,6 +19,7 @@ import pytest
 from bipe_jax import positions
 from tests.fixtures import cpu_env
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 VOCAB, SEP, BOS, PAD = 24, 3, 1, 0
@@ -258,7 +258,7 @@ def run_cases() -> dict:
 
 @pytest.fixture(scope='module')
 def cases() -> dict:
-  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=cpu_env(8),
+  proc = forkserver.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=cpu_env(8),
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])

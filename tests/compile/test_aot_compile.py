@@ -9,7 +9,6 @@ shards), collectives against what each mesh must need.
 import json
 import os
 import re
-import subprocess
 import sys
 
 import jax
@@ -25,6 +24,7 @@ from bipe_jax.compile import report as report_lib
 from bipe_jax.compile import topologies
 from configs import tiny
 from tests import fixtures
+from tests import forkserver
 
 pytest.importorskip('libtpu', reason='the TPU compiler (requirements-tpu.txt) is not installed')
 
@@ -169,7 +169,7 @@ def test_a_step_that_cannot_fit_exits_1_with_one_line(capsys):
 
 
 def test_bad_topology_is_one_line_without_libtpu_noise():
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, 'train/compile.py', '--config=configs/tiny.py', '--topology=v9z:3x3'],
       cwd=ROOT, capture_output=True, text=True, timeout=120,
       env={k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'})

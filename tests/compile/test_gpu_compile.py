@@ -1,7 +1,6 @@
 """train/compile.py --platform=cuda: GPU targets, deviceless compile, and the lowering fallback."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ from bipe_jax.compile import gpu_targets
 from bipe_jax.compile import topologies
 from configs import tiny
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 PLUGIN = os.path.join(ROOT, '.venv', 'cuda-plugin')
@@ -87,7 +87,7 @@ def test_lowering_fallback_prints_summary_and_why(monkeypatch, capsys):
 def test_compile_cli_compiles_for_h100_without_a_gpu(tmp_path):
   """The real training step, compiled by XLA's GPU compiler for 2 H100s on this CPU host."""
   output = tmp_path / 'figures.json'
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, 'train/compile.py', '--config=configs/tiny.py', '--platform=cuda',
        '--topology=h100:2', '--config.mesh.data=2', '--config.model.num_layers=1',
        '--config.train.batch_size=4', f'--output={output}'],

@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -13,6 +12,7 @@ from bipe_jax.data import embedded_corpus
 from configs import base
 from tests.data import test_data_builders as corpus
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 
@@ -50,7 +50,7 @@ def test_embedded_corpus_prepare_iterate_evaluate(tmp_path):
 
 def run_cli(script, *args):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  return subprocess.run([sys.executable, os.path.join(ROOT, 'train', script), *args],
+  return forkserver.run([sys.executable, os.path.join(ROOT, 'train', script), *args],
                         capture_output=True, text=True, env=env, timeout=300, check=False)
 
 

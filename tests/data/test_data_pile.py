@@ -9,7 +9,6 @@ counted. The slow test trains the paper preset (configs/paper_151m.py), shrunk b
 
 import json
 import os
-import subprocess
 import sys
 import types
 
@@ -23,6 +22,7 @@ from bipe_jax.data import token_count
 from configs import base
 from configs import paper_151m
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 
@@ -170,7 +170,7 @@ def test_paper_preset_shrunk_by_flags_trains_3_steps_on_a_pile_folder(tmp_path):
   workdir = tmp_path / 'run'
   flags = [f'--config.data.pile_dir={tmp_path / "pile"}',
            f'--config.data.data_dir={tmp_path / "data"}', *fixtures.PAPER_SHRUNK]
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, 'train/main.py', '--config=configs/paper_151m.py:bipe_rope',
        f'--workdir={workdir}', *flags],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -193,7 +193,7 @@ def test_build_data_takes_a_presets_data_section(tmp_path):
                                            pile_splits='validation'))
   assert eval_only.built and eval_only.tokenizer_path == '' and not eval_only.trained_tokenizer
   tokenizer = data_lib.prepare(pile_config(tmp_path, tmp_path / 'pile')).tokenizer_path
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, 'train/build_data.py', '--config=configs/paper_151m.py:bipe_rope',
        f'--pile_dir={tmp_path / "pile"}', f'--data_dir={tmp_path / "data"}', '--vocab_size=300',
        '--pile_subsets=github', '--pile_splits=validation', f'--tokenizer_path={tokenizer}'],

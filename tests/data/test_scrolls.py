@@ -5,7 +5,6 @@ generated set in the SCROLLS schema."""
 import json
 import math
 import os
-import subprocess
 import sys
 
 import jax
@@ -17,6 +16,7 @@ from bipe_jax.evaluation import scrolls
 from bipe_jax.tasks import scrolls as task
 from bipe_jax.training import train_step as train_step_lib
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 
@@ -126,7 +126,7 @@ def test_fine_tune_and_score_end_to_end(trained_rope_run, tmp_path):
   write_set(data, np.random.default_rng(0), 64)
   workdir = str(tmp_path / 'tuned')
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  train = subprocess.run(
+  train = forkserver.run(
       [sys.executable, 'train/main.py', f'--config=configs/scrolls_finetune.py:{source}',
        f'--workdir={workdir}', f'--config.data.scrolls_jsonl={data}',
        '--config.data.seq_len=48', '--config.data.scrolls_max_output_tokens=8',
@@ -136,7 +136,7 @@ def test_fine_tune_and_score_end_to_end(trained_rope_run, tmp_path):
   assert train.returncode == 0, train.stderr[-3000:]
   assert f'parameters from {source}' in train.stdout
   out = str(tmp_path / 'r.json')
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, 'eval/scrolls.py', f'--workdir={workdir}', '--max_new_tokens=4',
        f'--output={out}'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -13,6 +12,7 @@ from bipe_jax.training import resolve as resolve_lib
 from configs import base
 
 from tests.fixtures import ROOT, cli_args, cli_env
+from tests import forkserver
 
 
 class FakeSentencePiece:
@@ -118,7 +118,7 @@ def test_151m_preset_on_a_self_trained_tokenizer(dirs, tmp_path):
   def run(workdir, *extra):
     args = cli_args(dirs, workdir, *shrink, *extra)
     args[2] = '--config=configs/bipe_rope_151m.py'  # instead of the tiny preset
-    return subprocess.run(args, cwd=ROOT, env=cli_env(dirs), capture_output=True, text=True,
+    return forkserver.run(args, cwd=ROOT, env=cli_env(dirs), capture_output=True, text=True,
                           timeout=300)
   workdir = str(tmp_path / 'ok')
   proc = run(workdir)

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
 import jax
@@ -32,6 +31,7 @@ from configs import arithmetic_tiny
 from tests import reference_numpy
 from tests.fixtures import cpu_env
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 
@@ -126,7 +126,7 @@ def test_library_sweep_equals_hand_loop(workdir):
 def test_cli_json_and_png_equal_hand_loop(workdir, tmp_path):
   path, config, params = workdir
   out, png = str(tmp_path / 'r.json'), str(tmp_path / 'p.png')
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, os.path.join(ROOT, 'eval', 'perplexity.py'), f'--workdir={path}',
        '--lengths=16,40', '--max_tokens=300', f'--output={out}', f'--plot={png}',
        '--protocol=sliding', '--stride=8'],
@@ -253,7 +253,7 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_evaluation_sharded_over_a_4_device_mesh_matches_one_device(tmp_path):
   env = cpu_env(4)
-  proc = subprocess.run([sys.executable, '-c', _MESH_SCRIPT, ROOT, str(tmp_path / 'w')],
+  proc = forkserver.run([sys.executable, '-c', _MESH_SCRIPT, ROOT, str(tmp_path / 'w')],
                         capture_output=True, text=True, timeout=300, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -3,7 +3,6 @@ decoding), the text probe under any tokenizer, and eval/passkey.py end to end.""
 
 import json
 import os
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -19,6 +18,7 @@ from bipe_jax.evaluation import passkey
 from bipe_jax.tasks import passkey as task
 from tests.fixtures import tiny_model_config
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 TOK = task.PasskeyTokenizer()
@@ -125,7 +125,7 @@ def test_table_by_hand():
 def test_train_and_probe_end_to_end(tmp_path):
   workdir = str(tmp_path / 'pk')
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  train = subprocess.run(
+  train = forkserver.run(
       [sys.executable, 'train/main.py', '--config=configs/passkey_tiny.py:bipe_rope',
        f'--workdir={workdir}', '--config.train.steps=4', '--config.train.batch_size=4',
        '--config.checkpoint.every_steps=4', '--config.checkpoint.async_save=False',
@@ -134,7 +134,7 @@ def test_train_and_probe_end_to_end(tmp_path):
       timeout=300)
   assert train.returncode == 0, train.stderr[-2000:]
   out, png = str(tmp_path / 'pk.json'), str(tmp_path / 'pk.png')
-  probe = subprocess.run(
+  probe = forkserver.run(
       [sys.executable, 'eval/passkey.py', f'--workdir={workdir}', '--lengths=64,128',
        '--depths=0,1', '--trials=3', f'--output={out}', f'--plot={png}'],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -146,7 +146,7 @@ def test_train_and_probe_end_to_end(tmp_path):
   assert [(c['length'], c['depth']) for c in cells] == [(64, 0.0), (64, 1.0), (128, 0.0),
                                                        (128, 1.0)]
   assert all(c['trials'] == 3 and 0 <= c['correct'] <= 3 for c in cells)
-  bad = subprocess.run([sys.executable, 'eval/passkey.py', f'--workdir={workdir}',
+  bad = forkserver.run([sys.executable, 'eval/passkey.py', f'--workdir={workdir}',
                         '--depths=2'], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
   assert bad.returncode == 2 and bad.stderr.strip().startswith('error: --depths must be in')

@@ -7,7 +7,6 @@ logits equal the run's, and refuse to load as plain Llama."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import jax
@@ -25,6 +24,7 @@ from bipe_jax.state import optimizer as optimizer_lib
 from bipe_jax.runs import run_record
 from bipe_jax.state import train_state as train_state_lib
 from tests.fixtures import ROOT
+from tests import forkserver
 
 pytestmark = [pytest.mark.slow]
 
@@ -85,7 +85,7 @@ def test_bipe_run_exports_with_its_separators_and_tokenizer_and_comes_back(sourc
 
   elsewhere = tmp_path / 'elsewhere'
   elsewhere.mkdir()
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, os.path.join(ROOT, 'eval', 'generate.py'), f'--workdir={back}',
        '--prompt=The model', '--max_new_tokens=4', '--temperature=0'],
       cwd=str(elsewhere), capture_output=True, text=True, timeout=300,

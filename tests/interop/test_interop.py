@@ -18,6 +18,7 @@ import transformers
 from bipe_jax.interop import hf_files
 from bipe_jax.interop import hf_llama
 from tests import fixtures
+from tests import forkserver
 
 # the official code's rpe_type values that add the intra table and rotate / bias by segments
 OFFICIAL_BIPE_TYPES = ('bipe_rope', 'bipe_alibi')
@@ -483,7 +484,7 @@ def test_convert_cli_round_trip_through_a_workdir(llama_folder, tmp_path):
     f.write('an older export')  # replaced only because --overwrite is given
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   for src, dst, extra in ((folder, workdir, []), (workdir, back, ['--overwrite'])):
-    proc = subprocess.run([sys.executable, '-m', 'bipe_jax.convert', '--from', src, '--to', dst,
+    proc = forkserver.run([sys.executable, '-m', 'bipe_jax.convert', '--from', src, '--to', dst,
                            *extra], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

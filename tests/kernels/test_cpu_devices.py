@@ -8,6 +8,7 @@ import pytest
 
 from bipe_jax.kernels import cpu_devices
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 
@@ -52,7 +53,7 @@ def test_two_devices_before_jax_starts_and_a_clear_error_after():
 
 
 def test_training_cli_refuses_a_bad_count_in_one_line(tmp_path):
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, 'train/main.py', '--config=configs/tiny.py',
        f'--workdir={tmp_path / "w"}', '--cpu_devices=0'],
       cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -4,7 +4,6 @@ encoding; 'auto' resolves by the platform of the devices the step runs on."""
 import dataclasses
 import functools
 import os
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -24,6 +23,7 @@ from bipe_jax.schemes import SCHEME_NAMES
 from bipe_jax.training import chunked_loss
 from bipe_jax.training import train_step
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 B, T, V = 2, 16, 48
@@ -143,7 +143,7 @@ def test_grad_inside_shard_map_works_on_the_portable_path():
   has no varying-axes rule, which is why the portable path exists."""
   env = dict(os.environ, XLA_FLAGS=f'{os.environ.get("XLA_FLAGS", "")} '
              '--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
-  proc = subprocess.run([sys.executable, '-c', SHARD_MAP_GRADIENT], capture_output=True,
+  proc = forkserver.run([sys.executable, '-c', SHARD_MAP_GRADIENT], capture_output=True,
                         text=True, env=env, cwd=ROOT, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = dict(line.split(' ', 1) for line in proc.stdout.strip().splitlines())

@@ -12,6 +12,7 @@ import pytest
 from bipe_jax import generation
 from bipe_jax.generation import SamplingConfig
 from tests import fixtures
+from tests import forkserver
 
 
 def _allowed_reference(logits_V, top_k, top_p, temperature):
@@ -269,7 +270,7 @@ def test_generate_cli_on_converted_llama_matches_torch_greedy(tmp_path):
     for _ in range(10):
       ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
   root = fixtures.ROOT
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, 'eval/generate.py', f'--workdir={workdir}',
        f'--prompt_ids={",".join(map(str, prompt))}', '--max_new_tokens=10', '--temperature=0'],
       cwd=root, env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True,

@@ -12,6 +12,7 @@ def test_xla_flags_keep_other_flags_and_the_fast_compile_level_and_replace_the_d
   mine = {'XLA_FLAGS': '--xla_backend_optimization_level=2'}  # a level set by the caller stays
   assert fixtures.xla_flags(2, mine) == ('--xla_backend_optimization_level=2 '
                                          '--xla_cpu_use_fusion_emitters=false '
+                                         '--xla_cpu_parallel_codegen_split_count=1 '
                                          '--xla_force_host_platform_device_count=2')
   assert fixtures.xla_flags(1, {}) == fast
 

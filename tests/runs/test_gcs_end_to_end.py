@@ -31,6 +31,7 @@ import numpy as np
 import portpicker
 import pytest
 from tests import fixtures
+from tests import forkserver
 
 pytestmark = [pytest.mark.slow]
 
@@ -136,7 +137,7 @@ def _train_args(workdir, *extra):
 
 def _run(args, url, cwd, devices=1):
   start = time.perf_counter()
-  proc = subprocess.run(args, cwd=cwd, env=_env(url, cwd, devices), capture_output=True,
+  proc = forkserver.run(args, cwd=cwd, env=_env(url, cwd, devices), capture_output=True,
                         text=True, timeout=400)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   print(f'{time.perf_counter() - start:.1f} s: {" ".join(args[1:3])}', file=sys.stderr)

@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ from bipe_jax.data import preparation
 from bipe_jax.evaluation import cli as eval_cli
 from bipe_jax.runs import restore as runs_lib
 from tests.fixtures import ROOT, cli_env
+from tests import forkserver
 
 pytestmark = [pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def test_a_replaced_tokenizer_is_refused_in_one_line(run, dirs, tmp_path):
   pinned = os.path.join(copy, 'tokenizer.model')
   with open(pinned, 'ab') as f:  # another tokenizer file: same name, other bytes
     f.write(b'\x00')
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, 'eval/perplexity.py', f'--workdir={copy}', '--lengths=32', '--output='],
       cwd=ROOT, env=cli_env(dirs), capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0

@@ -4,7 +4,6 @@ Each case runs the real script in a subprocess; all of them fail before anything
 """
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ from bipe_jax.runs import run_record
 from configs import base
 from configs import passkey_tiny
 from tests import fixtures
+from tests import forkserver
 
 ROOT = fixtures.ROOT
 
@@ -26,7 +26,7 @@ def run(script, *args, cwd=ROOT):
   suite's environment (its compilation cache, conftest.py); the CompletedProcess."""
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   target = script if script == '-m' else os.path.join(ROOT, script)
-  return subprocess.run([sys.executable, target, *args], cwd=cwd, env=env,
+  return forkserver.run([sys.executable, target, *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=300, check=False)
 
 
