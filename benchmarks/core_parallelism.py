@@ -31,10 +31,12 @@ WORKER = r'''
 import json, os, sys, time
 os.sched_setaffinity(0, {int(sys.argv[1])})
 import jax, jax.numpy as jnp
-n, seconds, start_at = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+n, seconds = int(sys.argv[2]), float(sys.argv[3])
 a = jnp.ones((n, n), jnp.float32)
 f = jax.jit(lambda x: x @ x)
 f(a).block_until_ready()
+print('ready', flush=True)
+start_at = float(sys.stdin.readline())  # the same moment for every worker
 while time.time() < start_at:
   time.sleep(0.001)
 count, t0 = 0, time.perf_counter()
@@ -46,14 +48,22 @@ print(json.dumps({'flops_per_s': 2.0 * n ** 3 * count / (time.perf_counter() - t
 
 
 def run_workers(cores: list[int], size: int, seconds: float) -> list[float]:
-  """FLOP/s of one worker per entry of `cores`, all started at the same moment."""
-  start_at = time.time() + 8.0  # after every worker has imported JAX and compiled
+  """FLOP/s of one worker per entry of `cores`, all timed from the same moment: each worker
+  imports JAX and compiles, says 'ready', and is then told when to start."""
   from bipe_jax.kernels import cpu_devices  # pylint: disable=g-import-not-at-top
   env = cpu_devices.single_thread_environment(
       {k: v for k, v in os.environ.items() if k not in ('XLA_FLAGS', 'NPROC')})
-  procs = [subprocess.Popen([sys.executable, '-c', WORKER, str(c), str(size), str(seconds),
-                             str(start_at)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env) for c in cores]
+  procs = [subprocess.Popen([sys.executable, '-c', WORKER, str(c), str(size), str(seconds)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env) for c in cores]
+  for p in procs:
+    if p.stdout.readline().strip() != 'ready':
+      _, err = p.communicate(timeout=120)
+      raise RuntimeError(f'worker failed (exit {p.returncode}): {err.strip()[-500:]}')
+  start_at = time.time() + 0.2
+  for p in procs:
+    p.stdin.write(f'{start_at}\n')
+    p.stdin.flush()
   rates = []
   for p in procs:
     out, err = p.communicate(timeout=120 + seconds)

@@ -39,7 +39,7 @@ import threading
 
 PRELOAD = ('numpy', 'jax', 'flax.linen', 'optax', 'orbax.checkpoint', 'absl.app',
            'ml_collections.config_flags', 'bipe_jax.cli', 'bipe_jax.training.cli',
-           'bipe_jax.evaluation.cli')
+           'bipe_jax.training.trainer', 'bipe_jax.evaluation.cli', 'bipe_jax.data', 'configs.base')
 _STARTUP_PREFIXES = ('JAX_', 'PYTHON', 'LD_', 'MALLOC_', 'GLIBC_', 'OMP_', 'OPENBLAS_', 'MKL_',
                      'TPU_', 'ALLOW_MULTIPLE_LIBTPU_LOAD', 'TF_')
 _LAZY = ('PYTHONPATH',)  # applied by the child itself
@@ -115,6 +115,8 @@ def serve():
   import importlib  # pylint: disable=g-import-not-at-top
   for name in PRELOAD:
     importlib.import_module(name)
+  from bipe_jax.training import progress  # pylint: disable=g-import-not-at-top
+  progress._summary_writer_class()  # pylint: disable=protected-access  (tensorboardX, no torch)
   # The interpreter's own entries, without this process's first entry and PYTHONPATH.
   own = {os.path.abspath(p) for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p}
   base_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own]
