@@ -66,13 +66,13 @@ test-gpu: $(TEST_STAMP)
 	fi
 
 # The edit loop: everything but the slow tier: the tests marked slow in their files (end-to-end
-# runs, subprocesses) and those that took 2 s or more in the recorded run (tests/test_seconds.json,
+# runs, subprocesses) and those that took 1 s or more in the recorded run (tests/test_seconds.json,
 # conftest.py). One package's tests: `.venv/bin/python -m pytest tests/attention`.
 test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "not slow" --ignore=tests/gpu tests
 
 # The whole suite, then tests/test_seconds.json rewritten from it: each file's seconds (the
-# order in which conftest.py hands files to the workers, longest first) and the tests of 2 s or
+# order in which conftest.py hands files to the workers, longest first) and the tests of 1 s or
 # more (the slow tier). Run it after adding or changing long tests.
 test-times: $(TEST_STAMP)
 	$(PYTEST) --junitxml=$(VENV)/test-times.xml --ignore=tests/gpu tests

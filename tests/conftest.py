@@ -70,7 +70,7 @@ TEST_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'test_se
 
 def _recorded_seconds() -> dict:
   """tests/test_seconds.json (`make test-times` rewrites it from a whole run): {'files': each
-  file's seconds, 'slow': each test of 2 s or more}; empty when missing or unreadable."""
+  file's seconds, 'slow': each test of 1 s or more}; empty when missing or unreadable."""
   import json  # pylint: disable=g-import-not-at-top
   try:
     with open(TEST_SECONDS, encoding='utf-8') as f:
@@ -83,7 +83,7 @@ def _recorded_seconds() -> dict:
 def pytest_collection_modifyitems(config, items):
   """Two uses of the recorded seconds of a past whole run (tests/test_seconds.json):
 
-  - Tiers: a test that took 2 s or more there is marked `slow`, like the end-to-end tests marked
+  - Tiers: a test that took 1 s or more there is marked `slow`, like the end-to-end tests marked
     in their files, so `make test-fast` (the edit loop: `-m "not slow"`) leaves it out; `make
     test` runs every test.
   - Order: the files go to pytest-xdist's workers longest first (`--dist loadfile

@@ -16,7 +16,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SLOW_SECONDS = 2.0
+SLOW_SECONDS = 1.0
 
 
 def node_id(classname: str, name: str) -> str:

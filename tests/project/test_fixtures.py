@@ -45,8 +45,8 @@ def test_recorded_seconds_name_the_nodes_pytest_collects(tmp_path):
       '<testsuites><testsuite>'
       '<testcase classname="tests.a.test_x" name="test_one" time="2.5"/>'
       '<testcase classname="tests.a.test_x" name="test_two[p]" time="0.25"/>'
-      '<testcase classname="tests.b.test_y.TestK" name="test_three" time="1.0"/>'
+      '<testcase classname="tests.b.test_y.TestK" name="test_three" time="0.5"/>'
       '</testsuite></testsuites>', encoding='utf-8')
   assert record.test_seconds(str(report)) == {
-      'files': {'tests/a/test_x.py': 2.8, 'tests/b/test_y.py': 1.0},
+      'files': {'tests/a/test_x.py': 2.8, 'tests/b/test_y.py': 0.5},
       'slow': {'tests/a/test_x.py::test_one': 2.5}}
