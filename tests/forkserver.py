@@ -22,7 +22,7 @@ The server only imports (PRELOAD); it never starts a JAX backend, so each child 
 with the request's XLA_FLAGS (the device count, the suite's fast-compile flags), which XLA reads
 when the backend starts, not at import. A request whose environment differs from the server's
 in a variable read at import or process start (`_STARTUP_PREFIXES`: JAX_*, PYTHON*, LD_*, glibc
-malloc, thread-pool sizes, TPU_*) runs as a plain subprocess, as does anything that is not a
+malloc, thread-pool sizes) runs as a plain subprocess, as does anything that is not a
 Python command. Tests that signal, kill or run several processes at once use subprocess.Popen
 directly. `python -m tests.forkserver` is the server's own entry point.
 """
@@ -40,8 +40,11 @@ import threading
 PRELOAD = ('numpy', 'jax', 'flax.linen', 'optax', 'orbax.checkpoint', 'absl.app',
            'ml_collections.config_flags', 'bipe_jax.cli', 'bipe_jax.training.cli',
            'bipe_jax.training.trainer', 'bipe_jax.evaluation.cli', 'bipe_jax.data', 'configs.base')
+# Read when the interpreter, its C libraries or the preloaded modules start (JAX's config reads
+# JAX_* at import); XLA_FLAGS and libtpu's variables (TPU_*, ALLOW_MULTIPLE_LIBTPU_LOAD, which
+# bipe_jax.compile.topologies sets in the process) are read when a backend starts, in the child.
 _STARTUP_PREFIXES = ('JAX_', 'PYTHON', 'LD_', 'MALLOC_', 'GLIBC_', 'OMP_', 'OPENBLAS_', 'MKL_',
-                     'TPU_', 'ALLOW_MULTIPLE_LIBTPU_LOAD', 'TF_')
+                     'TF_')
 _LAZY = ('PYTHONPATH',)  # applied by the child itself
 
 

@@ -56,8 +56,13 @@ def both(script, *args, **kwargs):
           subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs))
 
 
-def test_process_state_is_the_requests(script, tmp_path):
+def test_process_state_is_the_requests(script, tmp_path, monkeypatch):
   import json  # pylint: disable=g-import-not-at-top
+  both(script, 'exit', '0')  # the server runs from here on
+  # Set in the worker by any TPU compile test before or after the server started; read by
+  # libtpu when a backend starts, so the request is still forked.
+  monkeypatch.setenv('ALLOW_MULTIPLE_LIBTPU_LOAD', '1' if os.environ.get(
+      'ALLOW_MULTIPLE_LIBTPU_LOAD') is None else '')
   env = dict(os.environ, FORKSERVER_PROBE='x', PYTHONPATH=str(tmp_path))
   forked, plain = both(script, 'state', cwd=str(tmp_path), env=env)
   a, b = json.loads(forked.stdout), json.loads(plain.stdout)
