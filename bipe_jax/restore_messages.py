@@ -3,9 +3,10 @@ used, and none of the noise a failed Orbax / TensorStore read leaves behind.
 
 A failed read raises an error whose text embeds a whole TensorStore spec, logs it through
 Orbax's and asyncio's Python loggers, and abandons read coroutines whose event loop is closed
-later ("Event loop is closed" / "coroutine ... was never awaited", printed by Python's
-unraisable-exception hook, possibly at exit). `short_reason` keeps the error's first words,
-`quiet_failed_reads` silences those loggers while the restores are tried and drops those two
+later ("Event loop is closed" / "coroutine ... was never awaited", or the read's own error
+raised in a coroutine nobody awaits: printed by Python's unraisable-exception hook, possibly at
+exit). `short_reason` keeps the error's first words,
+`quiet_failed_reads` silences those loggers while the restores are tried and drops those
 unraisable messages from then on (any other unraisable exception is still printed).
 """
 
@@ -16,7 +17,12 @@ import logging
 import sys
 
 NOISY_LOGGERS = ('asyncio', 'absl', 'orbax', 'orbax.checkpoint', 'tensorstore', 'jax')
-ABANDONED_READ_MESSAGES = ('Event loop is closed', 'was never awaited')
+# What Python's unraisable hook reports for the reads abandoned by a failed restore: their closed
+# event loop, a coroutine never awaited, or the read's own error raised in a coroutine that
+# nobody awaits any more (Orbax's `_read_array_index_and_device_put`: "Exception ignored in:
+# <coroutine ...>" with the whole TensorStore spec, once per array of the damaged step).
+ABANDONED_READ_MESSAGES = ('Event loop is closed', 'was never awaited',
+                           'Encountered error while reading array index')
 _CUT_AT = ('See full TensorStore details', 'tensorstore_spec', '\n')
 
 
@@ -42,10 +48,23 @@ def _drop_abandoned_reads(previous):
   return hook
 
 
+class _AbandonedReadRecords(logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" for an abandoned read (logged when the
+  task is garbage-collected, after the restores were tried)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    return not any(m in text for m in ABANDONED_READ_MESSAGES)
+
+
 def install_unraisable_filter() -> None:
-  """From now on, an abandoned read's 'Event loop is closed' / 'never awaited' is not printed."""
+  """From now on, an abandoned read's 'Event loop is closed' / 'never awaited' / read error is
+  not printed: neither by the unraisable hook nor by asyncio's logger."""
   if not getattr(sys.unraisablehook, 'drops_abandoned_reads', False):
     sys.unraisablehook = _drop_abandoned_reads(sys.unraisablehook)
+  asyncio_logger = logging.getLogger('asyncio')
+  if not any(isinstance(f, _AbandonedReadRecords) for f in asyncio_logger.filters):
+    asyncio_logger.addFilter(_AbandonedReadRecords())
 
 
 @contextlib.contextmanager

@@ -31,9 +31,21 @@ def test_abandoned_reads_are_dropped_and_other_unraisables_kept(monkeypatch):
       exc_value=exc, err_msg=msg)
   sys.unraisablehook(event(RuntimeError('Event loop is closed')))
   sys.unraisablehook(event(RuntimeWarning("coroutine 'read' was never awaited")))
+  sys.unraisablehook(event(Exception('Encountered error while reading array index: (slice(0, '
+                                     '32, 1),). See full TensorStore details: ...')))
   kept = event(ValueError('a real problem'))
   sys.unraisablehook(kept)
   assert seen == [kept]
+
+
+def test_asyncio_reports_of_abandoned_reads_are_dropped_and_others_kept(caplog):
+  restore_messages.install_unraisable_filter()
+  caplog.set_level(logging.ERROR)
+  log = logging.getLogger('asyncio')
+  log.error('Task exception was never retrieved\nfuture: <Task exception=Exception("Encountered '
+            'error while reading array index: (slice(0, 32, 1),). See full TensorStore")>')
+  log.error('Task exception was never retrieved\nfuture: <Task exception=ValueError("real")>')
+  assert [r.getMessage()[-14:] for r in caplog.records] == ['ValueError("real")>'[-14:]]
 
 
 def test_the_libraries_loggers_are_silent_while_restores_are_tried(caplog):
