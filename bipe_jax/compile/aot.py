@@ -54,7 +54,8 @@ def _figures(name: str, compiled, seconds: float, model_flops: float) -> StepFig
 
 
 def _compile(fn, args, name: str, model_flops: float, keep_text: bool = False,
-             lowering_platform: Optional[str] = None) -> StepFigures:
+             lowering_platform: Optional[str] = None,
+             compiler_options: Optional[dict] = None) -> StepFigures:
   start = time.perf_counter()
   if lowering_platform:
     try:
@@ -67,7 +68,7 @@ def _compile(fn, args, name: str, model_flops: float, keep_text: bool = False,
   with stderr_to_file() as output:
     try:
       lowered = fn.lower(*args)
-      compiled = lowered.compile()
+      compiled = lowered.compile(compiler_options=compiler_options or None)
     except Exception as e:  # pylint: disable=broad-except (XLA reports its own types)
       detail = ' '.join(str(e).split())
       if 'RESOURCE_EXHAUSTED' in detail and 'memory' in detail.lower():
@@ -91,13 +92,17 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
                          eval_lengths: Sequence[int] = (), eval_batch_size: int = 0,
                          devices: Optional[list] = None, keep_text: bool = False,
                          platform: str = 'tpu',
-                         lowering_platform: Optional[str] = None) -> CompileReport:
+                         lowering_platform: Optional[str] = None,
+                         compiler_options: Optional[dict] = None) -> CompileReport:
   """Compiles `config`'s training step (and eval forward at `eval_lengths`) for `topology`.
 
   `platform`: 'tpu' (topology 'v5e:2x4', ...) or 'cuda' (a GPU topology 'h100:8', 'h200:2x8':
   compile/gpu_targets.py; needs the CUDA PJRT plugin, make setup-cuda).
   `lowering_platform` ('cuda'): lower for that platform over `devices` (the host's) instead of
   compiling; the steps then carry `lowered_summary` and no byte figures (gpu_lowering.py).
+  `compiler_options`: XLA / libtpu options for the compiler, e.g. {'xla_msa_enable': False}:
+  no values placed in the TPU's on-chip VMEM by memory-space assignment, so the temporaries
+  are everything the program keeps (docs/accelerators.md, "Reading per-chip temporaries").
 
   `config`: an ml_collections config as `train/main.py` takes (configs/base.py sections),
   resolved by `resolve` over the topology's devices (not edited). `devices` overrides the topology (any
@@ -117,7 +122,7 @@ def compile_for_topology(config, topology: str, *, num_slices: int = 1,
   setup = setup_lib.build(resolved, mesh)
   return compile_setup(setup, topology, num_slices=num_slices, eval_lengths=eval_lengths,
                        eval_batch_size=eval_batch_size, keep_text=keep_text,
-                       lowering_platform=lowering_platform)
+                       lowering_platform=lowering_platform, compiler_options=compiler_options)
 
 
 def resolve(config, device_count: int):
@@ -132,7 +137,8 @@ def resolve(config, device_count: int):
 def compile_setup(setup: setup_lib.Setup, topology: str, *, num_slices: int = 1,
                   eval_lengths: Sequence[int] = (), eval_batch_size: int = 0,
                   keep_text: bool = False,
-                  lowering_platform: Optional[str] = None) -> CompileReport:
+                  lowering_platform: Optional[str] = None,
+                  compiler_options: Optional[dict] = None) -> CompileReport:
   """Compiles (or with `lowering_platform`, lowers) the step of `setup` (training/setup.py, on
   the mesh of the devices to compile for) and the evaluation forward at `eval_lengths`;
   `topology` names them in the report."""
@@ -146,7 +152,7 @@ def compile_setup(setup: setup_lib.Setup, topology: str, *, num_slices: int = 1,
     train_flops = (flops_lib.train_flops_per_token(setup.model.config, setup.seq_len)
                    * t.batch_size * setup.seq_len / len(devices))
     steps.append(_compile(setup.step_fn, (state_args, {'tokens': tokens}), 'train',
-                          train_flops, keep_text, lowering_platform))
+                          train_flops, keep_text, lowering_platform, compiler_options))
     for length in eval_lengths:
       steps.append(_compile_eval(setup.model, mesh, state_args.params, length,
                                  eval_batch_size or t.batch_size, config.model.pad_id,

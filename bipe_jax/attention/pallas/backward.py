@@ -12,6 +12,8 @@ dK / dV kernel: grid (B, G, key tiles, H / G, query tiles): the query heads of a
 FoX (a bias c_q[i] - c_k[j] of float positions, per query head): the dQ kernel also writes
   d c_q = rowsum(dS) per query tile, the dK / dV kernel d c_k = -colsum(dS) per (key tile, query
   head), accumulated over the query tiles.
+Every [.., Dh, T] array (q, k, v, dO and the gradients) is in forward.py's layout, the head
+dimension in sublanes; dQ, dK and dV are accumulated as [Dh, tile].
 """
 
 import functools
@@ -25,7 +27,6 @@ from bipe_jax.attention.pallas import cost
 from bipe_jax.attention.pallas import forward as fwd
 from bipe_jax.attention.pallas import layout
 
-_TRANS_A = (((0,), (0,)), ((), ()))  # contract the first axis of both operands
 
 
 def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, params_ref,
@@ -34,7 +35,7 @@ def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
   s, vis = fwd.tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, c_refs,
                            tile_bias=tile_bias, scale=scale, causal=causal)
   p = jnp.where(vis, jnp.exp(s - layout.row_to_column(lse_ref[...])), 0.0)
-  dp = jax.lax.dot_general(do_ref[...], v_ref[...], fwd._TRANS_B,
+  dp = jax.lax.dot_general(do_ref[...], v_ref[...], fwd._TRANS_A,  # [Dh, q] x [Dh, k]
                            preferred_element_type=jnp.float32)
   return p, p * (dp - layout.row_to_column(delta_ref[...]))
 
@@ -54,8 +55,9 @@ def _dq_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta
   def _compute():
     _, ds = _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
                         params_ref, c_refs, tile_bias=tile_bias, scale=scale, causal=causal)
-    k = k_ref[...]
-    dq_scr[...] += jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32) * scale
+    k = k_ref[...]  # [Dh, k]; dQ^T = K^T dS^T
+    dq_scr[...] += jax.lax.dot_general(k, ds.astype(k.dtype), fwd._TRANS_B,
+                                       preferred_element_type=jnp.float32) * scale
     dparams_scr[...] += tile_bias.param_grads(
         params_ref[...], *layout.streams(qi_ref[...], ki_ref[...]), ds)
     if c_refs is not None:
@@ -88,11 +90,9 @@ def _dkv_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delt
                         params_ref, c_refs, tile_bias=tile_bias, scale=scale, causal=causal)
     if c_refs is not None:
       dck_scr[...] -= jnp.sum(ds, axis=0, keepdims=True)
-    q, do = q_ref[...], do_ref[...]
-    dv_scr[...] += jax.lax.dot_general(p.astype(do.dtype), do, _TRANS_A,
-                                       preferred_element_type=jnp.float32)
-    dk_scr[...] += jax.lax.dot_general(ds.astype(q.dtype), q, _TRANS_A,
-                                       preferred_element_type=jnp.float32) * scale
+    q, do = q_ref[...], do_ref[...]  # [Dh, q]; dV^T = dO^T P, dK^T = Q^T dS
+    dv_scr[...] += jnp.dot(do, p.astype(do.dtype), preferred_element_type=jnp.float32)
+    dk_scr[...] += jnp.dot(q, ds.astype(q.dtype), preferred_element_type=jnp.float32) * scale
 
   @pl.when((r == group - 1) & (i == n_q_tiles - 1))
   def _finish():
@@ -122,14 +122,14 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
              c_k=None, *, tile_bias, scale: float, causal: bool, block_q: int, block_k: int,
              interpret: bool):
   """(dq, dk, dv in the inputs' dtypes, d params float32 [H, P], d c_q, d c_k float32
-  [B, H, 1, T] or None); shapes as `forward.forward`."""
-  b, h, tq, d = q.shape
-  g, tk = k.shape[1], k.shape[2]
+  [B, H, 1, T] or None); shapes (q [B, H, Dh, Tq], ...) as `forward.forward`."""
+  b, h, d, tq = q.shape
+  g, tk = k.shape[1], k.shape[3]
   r = h // g
   n_q, n_k = tq // block_q, tk // block_k
   num_params = params_HxP.shape[-1]
   params = params_HxP.astype(jnp.float32)[:, None, :]
-  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)[:, :, None, :]
+  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=2, keepdims=True)
   uses_c = tile_bias.uses_float_positions
   args = (q_max, k_min, q, k, v, d_out, lse, delta, q_info, k_info, params,
           *fwd.float_position_args(tile_bias, c_q, c_k))
@@ -139,11 +139,11 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
 
   def specs(tile_of):
     """In-specs of `args` given tile_of(*grid) -> (batch, query tile, key tile, head)."""
-    qh = pl.BlockSpec((None, None, block_q, d),
-                      lambda *a: (tile_of(*a)[0], tile_of(*a)[3], tile_of(*a)[1], 0))
-    kv = pl.BlockSpec((None, None, block_k, d),
-                      lambda *a: (tile_of(*a)[0], jax.lax.div(tile_of(*a)[3], r),
-                                  tile_of(*a)[2], 0))
+    qh = pl.BlockSpec((None, None, d, block_q),
+                      lambda *a: (tile_of(*a)[0], tile_of(*a)[3], 0, tile_of(*a)[1]))
+    kv = pl.BlockSpec((None, None, d, block_k),
+                      lambda *a: (tile_of(*a)[0], jax.lax.div(tile_of(*a)[3], r), 0,
+                                  tile_of(*a)[2]))
     row = pl.BlockSpec((None, None, 1, block_q),
                        lambda *a: (tile_of(*a)[0], tile_of(*a)[3], 0, tile_of(*a)[1]))
     return [qh, kv, kv, qh, row, row,
@@ -153,7 +153,7 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
   dq_tile = lambda bb, hh, i, j, *_: (bb, i, j, hh)
   dq_outs = _call(
       functools.partial(_dq_kernel, **statics), (b, h, n_q, n_k), specs(dq_tile),
-      [pl.BlockSpec((None, None, block_q, d), lambda bb, hh, i, j, *_: (bb, hh, i, 0)),
+      [pl.BlockSpec((None, None, d, block_q), lambda bb, hh, i, j, *_: (bb, hh, 0, i)),
        pl.BlockSpec((None, None, 1, num_params),
                     lambda bb, hh, i, j, *_: (bb, hh * n_q + i, 0, 0))]
       + ([pl.BlockSpec((None, None, 1, block_q), lambda bb, hh, i, j, *_: (bb, hh, 0, i))]
@@ -161,12 +161,12 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
       [jax.ShapeDtypeStruct(q.shape, q.dtype),
        jax.ShapeDtypeStruct((b, h * n_q, 1, num_params), jnp.float32)]
       + ([c_row(tq)] if uses_c else []),
-      [pltpu.VMEM((block_q, d), jnp.float32), pltpu.VMEM((1, num_params), jnp.float32)]
+      [pltpu.VMEM((d, block_q), jnp.float32), pltpu.VMEM((1, num_params), jnp.float32)]
       + ([pltpu.VMEM((block_q, 1), jnp.float32)] if uses_c else []),
       ('parallel', 'parallel', 'parallel', 'arbitrary'), interpret, args, dq_cost)
 
   dkv_tile = lambda bb, gg, j, rr, i, *_: (bb, i, j, gg * r + rr)
-  kv_out = pl.BlockSpec((None, None, block_k, d), lambda bb, gg, j, rr, i, *_: (bb, gg, j, 0))
+  kv_out = pl.BlockSpec((None, None, d, block_k), lambda bb, gg, j, rr, i, *_: (bb, gg, 0, j))
   dkv_outs = _call(
       functools.partial(_dkv_kernel, group=r, **statics), (b, g, n_k, r, n_q), specs(dkv_tile),
       [kv_out, kv_out]
@@ -174,7 +174,7 @@ def backward(q, k, v, out, lse, d_out, params_HxP, q_info, k_info, q_max, k_min,
                        lambda bb, gg, j, rr, i, *_: (bb, gg * r + rr, 0, j))] if uses_c else []),
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
       + ([c_row(tk)] if uses_c else []),
-      [pltpu.VMEM((block_k, d), jnp.float32), pltpu.VMEM((block_k, d), jnp.float32)]
+      [pltpu.VMEM((d, block_k), jnp.float32), pltpu.VMEM((d, block_k), jnp.float32)]
       + ([pltpu.VMEM((1, block_k), jnp.float32)] if uses_c else []),
       ('parallel', 'parallel', 'parallel', 'arbitrary', 'arbitrary'), interpret, args,
       dkv_cost)

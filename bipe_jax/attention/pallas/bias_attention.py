@@ -24,7 +24,7 @@ from bipe_jax.attention.pallas import layout
 from bipe_jax.attention.pallas import sharding
 from bipe_jax.attention.pallas.tile_bias import TileBias
 
-TPU_BLOCK = 128  # key tiles are lane-major on TPU: a multiple of 128 (or the whole padded axis)
+TPU_BLOCK = 128  # tiles are lane-major on TPU (tokens in lanes): a multiple of 128 (or the whole padded axis)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +97,8 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   default the causal indices), or for tile_bias 'fox' the float positions c [B, Q, H] /
   [B, K, H] (they get gradients); tile_bias / bias_params_HxP: the bias kind and its per-head
   parameters (bipe_jax.attention.pallas.tile_bias; zeros for 'none'). Ragged lengths are
-  padded to the tiles inside. block_k must be a multiple of 128 on TPU when K is longer than
-  it. Under a mesh, the kernels run per shard: rows over the mesh axes `batch_axes`, heads over
+  padded to the tiles inside. block_q and block_k must be multiples of 128 on TPU when Q / K
+  are longer than them (tokens are the kernels' lanes: forward.py). Under a mesh, the kernels run per shard: rows over the mesh axes `batch_axes`, heads over
   `head_axes` (bipe_jax.attention.pallas.sharding).
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
@@ -152,6 +152,8 @@ def _run_on_shard(a: dict, *, tile_bias, scale, block_q, block_k, interpret):
   c_q, c_k = a.get('c_q'), a.get('c_k')
   if c_q is not None:
     c_q, c_k = layout.pad_to(c_q, 3, tq, 0.0), layout.pad_to(c_k, 3, tk, 0.0)
-  out = _attend(static, layout.pad_to(q, 2, tq, 0), layout.pad_to(k, 2, tk, 0),
-                layout.pad_to(v, 2, tk, 0), a['params'], q_info, k_info, q_max, k_min, c_q, c_k)
-  return out[:, :, :nq]
+  # the kernels' layout [B, H, Dh, T] (forward.py: no lane padding of a head dim below 128)
+  heads_in_sublanes = lambda x, n: jnp.swapaxes(layout.pad_to(x, 2, n, 0), 2, 3)
+  out = _attend(static, heads_in_sublanes(q, tq), heads_in_sublanes(k, tk),
+                heads_in_sublanes(v, tk), a['params'], q_info, k_info, q_max, k_min, c_q, c_k)
+  return jnp.swapaxes(out, 2, 3)[:, :, :nq]

@@ -3,10 +3,16 @@
 Grid (B, H, query tiles, key tiles), key tiles innermost ("arbitrary"): the running max `m`,
 normaliser `l` and weighted sum live in VMEM scratch across the key tiles of one query tile.
 A key tile whose smallest causal index exceeds the query tile's largest is skipped (scalar
-prefetch of `layout.block_ranges`). Outputs the attention [B, H, Tq, Dh] and the per-row
+prefetch of `layout.block_ranges`). Outputs the attention and the per-row
 log-sum-exp [B, H, 1, Tq] (0 for a row that sees no key), the only residual the backward needs;
 it is stored as a row because a [.., Tq, 1] array is padded to 128 lanes in TPU memory.
 GQA: query head h reads KV head h // (H / G).
+
+Layout: q, k, v and the output are [B, H, Dh, T], the head dimension in sublanes and the tokens
+in lanes. TPU memory tiles an array's last two axes by (8, 128), so [.., T, Dh] with Dh = 64
+would take twice its bytes in HBM (the lanes padded to 128) for every array the kernels read or
+write, and the custom call fixes that layout; [.., Dh, T] is never padded (Dh a multiple of 8).
+The products take the transposes through their contraction axes (`_TRANS_A`, `_TRANS_B`).
 """
 
 import functools
@@ -21,6 +27,7 @@ from bipe_jax.attention.pallas import cost
 from bipe_jax.attention.pallas import layout
 from bipe_jax.attention.pallas.tile_bias import TileBias
 
+_TRANS_A = (((0,), (0,)), ((), ()))  # contract the first axis of both operands
 _TRANS_B = (((1,), (1,)), ((), ()))  # contract the last axis of both operands
 
 
@@ -34,8 +41,9 @@ def split_float_positions(tile_bias: TileBias, refs):
 
 def tile_logits(q_ref, k_ref, qi_ref, ki_ref, params_ref, c_refs=None, *, tile_bias: TileBias,
                 scale: float, causal: bool):
-  """(masked logits float32 [q, k], visible bool [q, k]) of one (query tile, key tile, head)."""
-  s = jax.lax.dot_general(q_ref[...], k_ref[...], _TRANS_B,
+  """(masked logits float32 [q, k], visible bool [q, k]) of one (query tile, key tile, head);
+  q_ref [Dh, q], k_ref [Dh, k]."""
+  s = jax.lax.dot_general(q_ref[...], k_ref[...], _TRANS_A,
                           preferred_element_type=jnp.float32) * scale
   qi, ki = qi_ref[...], ki_ref[...]
   c = () if c_refs is None else (layout.row_to_column(c_refs[0][...]), c_refs[1][...])
@@ -78,16 +86,16 @@ def _forward_kernel(q_max_ref, k_min_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, p
     p = jnp.where(vis, jnp.exp(s - m_new), 0.0)
     corr = jnp.exp(m_prev - m_new)
     l_scr[...] = corr * l_scr[...] + jnp.sum(p, axis=1, keepdims=True)
-    v = v_ref[...]
-    acc_scr[...] = corr * acc_scr[...] + jnp.dot(p.astype(v.dtype), v,
-                                                  preferred_element_type=jnp.float32)
+    v = v_ref[...]  # [Dh, k]
+    acc_scr[...] = corr * acc_scr[...] + jax.lax.dot_general(
+        p.astype(v.dtype), v, _TRANS_B, preferred_element_type=jnp.float32)
     m_scr[...] = m_new
 
   @pl.when(j == n_k_tiles - 1)
   def _finish():
     l = l_scr[...]
     seen = l > 0.0
-    o_ref[...] = (acc_scr[...] / jnp.where(seen, l, 1.0)).astype(o_ref.dtype)
+    o_ref[...] = (acc_scr[...] / jnp.where(seen, l, 1.0)).T.astype(o_ref.dtype)  # [Dh, q]
     lse = jnp.where(seen, m_scr[...] + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
     lse_ref[...] = layout.column_to_row(lse)
 
@@ -117,17 +125,19 @@ def float_position_args(tile_bias: TileBias, c_q, c_k) -> tuple:
 def forward(q, k, v, params_HxP, q_info, k_info, q_max, k_min, c_q=None, c_k=None, *,
             tile_bias: TileBias, scale: float, causal: bool, block_q: int, block_k: int,
             interpret: bool):
-  """(out [B, H, Tq, Dh] in q's dtype, lse float32 [B, H, 1, Tq]); Tq, Tk multiples of the
-  blocks (pad first: bipe_jax.attention.pallas.layout); c_q / c_k [B, H, 1, Tq / Tk]: FoX's positions."""
-  b, h, tq, d = q.shape
-  g, tk = k.shape[1], k.shape[2]
+  """(out [B, H, Dh, Tq] in q's dtype, lse float32 [B, H, 1, Tq]) from q [B, H, Dh, Tq] and
+  k, v [B, G, Dh, Tk] (the module's layout); Tq, Tk multiples of the blocks (pad first:
+  bipe_jax.attention.pallas.layout); c_q / c_k [B, H, 1, Tq / Tk]: FoX's positions."""
+  b, h, d, tq = q.shape
+  g, tk = k.shape[1], k.shape[3]
   r = h // g
   n_q, n_k = tq // block_q, tk // block_k
   params = params_HxP.astype(jnp.float32)[:, None, :]
   kernel = functools.partial(_forward_kernel, tile_bias=tile_bias, scale=scale, causal=causal,
                              n_q_tiles=n_q, n_k_tiles=n_k)
-  q_spec = pl.BlockSpec((None, None, block_q, d), lambda bb, hh, i, j, *_: (bb, hh, i, 0))
-  kv_spec = pl.BlockSpec((None, None, block_k, d), lambda bb, hh, i, j, *_: (bb, jax.lax.div(hh, r), j, 0))
+  q_spec = pl.BlockSpec((None, None, d, block_q), lambda bb, hh, i, j, *_: (bb, hh, 0, i))
+  kv_spec = pl.BlockSpec((None, None, d, block_k),
+                         lambda bb, hh, i, j, *_: (bb, jax.lax.div(hh, r), 0, j))
   sides = side_specs(block_q, block_k, params.shape[-1], lambda bb, hh, i, j, *_: (bb, i, j, hh),
                      tile_bias.uses_float_positions)
   lse_spec = pl.BlockSpec((None, None, 1, block_q), lambda bb, hh, i, j, *_: (bb, hh, 0, i))
