@@ -25,6 +25,10 @@ DATA_DIR = flags.DEFINE_string('data_dir', '/tmp/bipe_bench_data', 'Where to bui
 FRESH = flags.DEFINE_bool('fresh', True, 'Delete data_dir first to time the build.')
 BATCHES = flags.DEFINE_integer('batches', 300, 'Batches timed per setting.')
 BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Rows per batch.')
+SEQ_LENS = flags.DEFINE_list('seq_lens', ['128', '1024'], 'Training lengths timed.')
+THREADS = flags.DEFINE_list('threads', ['0', '1', '2'], 'data.num_threads values timed.')
+TOKENIZE_RATE = flags.DEFINE_bool('tokenize_rate', True, 'Also time tokenising the whole train '
+                                  'split on one thread (single_thread_tokenize_tokens_per_s).')
 
 
 def time_iterator(config, batches, batch_size):
@@ -50,20 +54,21 @@ def main(argv):
   prepared = data_lib.prepare(config)
   build_seconds = time.perf_counter() - start
   tok = data_lib.get_tokenizer(config)
-  start = time.perf_counter()
-  train_tokens = len(data_lib.eval_stream(config, 'train'))
-  tokenize_seconds = time.perf_counter() - start
-  val_tokens = len(data_lib.eval_stream(config, 'validation'))
   results = {
       'python': sys.version.split()[0], 'cpus': os.cpu_count(),
       'build_and_tokenizer_seconds': round(build_seconds, 2),
       'built': prepared.built, 'vocab_size': tok.vocab_size,
-      'train_tokens': train_tokens, 'validation_tokens': val_tokens,
-      'single_thread_tokenize_tokens_per_s': round(train_tokens / tokenize_seconds),
-      'pipeline_tokens_per_s': {},
   }
-  for seq_len in (128, 1024):
-    for threads in (0, 1, 2):
+  if TOKENIZE_RATE.value:
+    start = time.perf_counter()
+    train_tokens = len(data_lib.eval_stream(config, 'train'))
+    tokenize_seconds = time.perf_counter() - start
+    results.update(train_tokens=train_tokens,
+                   validation_tokens=len(data_lib.eval_stream(config, 'validation')),
+                   single_thread_tokenize_tokens_per_s=round(train_tokens / tokenize_seconds))
+  results['pipeline_tokens_per_s'] = {}
+  for seq_len in (int(x) for x in SEQ_LENS.value):
+    for threads in (int(x) for x in THREADS.value):
       config.seq_len, config.num_threads = seq_len, threads
       config.document_ids = True
       batches = max(1, BATCHES.value * 128 // seq_len)  # the default: 300 and 37

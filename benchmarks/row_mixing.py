@@ -26,8 +26,9 @@ import bipe_jax.data as data_lib  # pylint: disable=wrong-import-position
 BOS = 1
 
 
-def row_owners(data_dir: str, seq_len: int) -> dict[bytes, int]:
-  """{row bytes: document index} over one epoch of rows in packing order."""
+def row_owners(data_dir: str, seq_len: int, max_rows: int = 0) -> dict[bytes, int]:
+  """{row bytes: document index} over one epoch of rows in packing order (its first `max_rows`
+  rows when > 0)."""
   c = base.data_defaults()
   c.data_dir, c.seq_len, c.num_epochs, c.shuffle_window = data_dir, seq_len, 1, 0
   owner, doc = {}, -1
@@ -37,6 +38,8 @@ def row_owners(data_dir: str, seq_len: int) -> dict[bytes, int]:
       doc += 1
     owner[row.tobytes()] = max(doc, 0)
     doc += int(np.sum(row[1:] == BOS))
+    if max_rows and len(owner) >= max_rows:
+      break
   return owner
 
 
@@ -47,8 +50,12 @@ def measure(data_dir: str, seq_len: int, window: int, owner: dict, batches: int 
   it = data_lib.make_train_iterator(c, 32)
   first = next(it)
   first_seconds = time.perf_counter() - start
-  counts = [len({owner[r.tobytes()] for r in b['tokens']})
-            for b in [first] + [next(it) for _ in range(batches - 1)]]
+  rows = [r.tobytes() for b in [first] + [next(it) for _ in range(batches - 1)]
+          for r in b['tokens']]
+  if any(r not in owner for r in rows):
+    raise SystemExit(f'row_mixing: a row of seq_len {seq_len}, shuffle_window {window} is not '
+                     'among the attributed rows; raise --owner_rows (0: the whole epoch)')
+  counts = [len({owner[r] for r in rows[i:i + 32]}) for i in range(0, len(rows), 32)]
   start = time.perf_counter()
   for _ in range(2 * batches):  # the rate: twice as many batches again
     next(it)
@@ -64,11 +71,14 @@ def main(argv=None) -> None:
   p.add_argument('--seq_lens', default='64,128')
   p.add_argument('--windows', default='0,4096')
   p.add_argument('--batches', type=int, default=100, help='batches of 32 rows counted')
+  p.add_argument('--owner_rows', type=int, default=0,
+                 help='attribute only the first N rows of the epoch (0: all; enough for '
+                      '--windows=0 and N >= 32 * batches)')
   args = p.parse_args(argv)
   data_lib.prepare(_data_config(args.data_dir))
   print(f'load average before: {os.getloadavg()[0]:.2f}')
   for seq_len in (int(x) for x in args.seq_lens.split(',')):
-    owner = row_owners(args.data_dir, seq_len)
+    owner = row_owners(args.data_dir, seq_len, args.owner_rows)
     for window in (int(x) for x in args.windows.split(',')):
       print(measure(args.data_dir, seq_len, window, owner, args.batches), flush=True)
   print(f'load average after: {os.getloadavg()[0]:.2f}')

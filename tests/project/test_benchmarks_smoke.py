@@ -48,9 +48,10 @@ SMOKE = {
                                                   '--block_size', '32']),
     'core_parallelism.py': ('other', ['--size', '32', '--seconds', '0.2']),
     'row_mixing.py': ('other', ['--data_dir', '{tmp}/data', '--seq_lens', '64', '--windows',
-                                '0', '--batches', '2']),
+                                '0', '--batches', '2', '--owner_rows', '64']),
     'data_pipeline.py': ('other', ['--data_dir', '{tmp}/data', '--nofresh', '--batches', '2',
-                                   '--batch_size', '2']),
+                                   '--batch_size', '2', '--seq_lens', '128', '--threads', '0,1',
+                                   '--notokenize_rate']),
     'fox_pruning.py': ('other', ['--lengths', '64', '--heads', '2', '--head_dim', '8',
                                  '--block_size', '32', '--gates', 'local', '--repeats', '1']),
     # The GPU step benchmark at its smallest size (any platform; the CPU runs the kernels in
