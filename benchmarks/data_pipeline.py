@@ -1,6 +1,7 @@
 """Benchmark: building the embedded corpus + tokenizer, and the training pipeline's tokens/s.
 
   .venv/bin/python benchmarks/data_pipeline.py --data_dir=/tmp/bench_data
+      [--seq_lens=128,1024] [--threads=0,1,2] [--notokenize_rate]
 
 Builds from scratch when --fresh (default) so the build time is measured, then times the
 training iterator (tokenise + BOS + pack + batch + prefetch) for a few settings: tokens/s of

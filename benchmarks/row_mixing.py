@@ -1,7 +1,7 @@
 """Benchmark: how many documents one training batch draws from, with and without row mixing.
 
   .venv/bin/python benchmarks/row_mixing.py [--data_dir=data_cache] [--windows=0,4096]
-      [--batches=100]
+      [--batches=100] [--owner_rows=0]
 
 For each training length and `data.shuffle_window`, counts the distinct documents behind the
 rows of 100 batches of 32 (`--batches`; each row is attributed to the document holding its
