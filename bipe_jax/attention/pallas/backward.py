@@ -28,7 +28,6 @@ from bipe_jax.attention.pallas import forward as fwd
 from bipe_jax.attention.pallas import layout
 
 
-
 def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, params_ref,
                 c_refs, *, tile_bias, scale, causal):
   """(p, dS) float32 [q, k] of one tile."""

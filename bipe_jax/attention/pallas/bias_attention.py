@@ -24,7 +24,7 @@ from bipe_jax.attention.pallas import layout
 from bipe_jax.attention.pallas import sharding
 from bipe_jax.attention.pallas.tile_bias import TileBias
 
-TPU_BLOCK = 128  # tiles are lane-major on TPU (tokens in lanes): a multiple of 128 (or the whole padded axis)
+TPU_BLOCK = 128  # tokens are the kernels' lanes on TPU: a multiple of 128 (or the whole padded axis)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +98,9 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   [B, K, H] (they get gradients); tile_bias / bias_params_HxP: the bias kind and its per-head
   parameters (bipe_jax.attention.pallas.tile_bias; zeros for 'none'). Ragged lengths are
   padded to the tiles inside. block_q and block_k must be multiples of 128 on TPU when Q / K
-  are longer than them (tokens are the kernels' lanes: forward.py). Under a mesh, the kernels run per shard: rows over the mesh axes `batch_axes`, heads over
-  `head_axes` (bipe_jax.attention.pallas.sharding).
+  are longer than them (tokens are the kernels' lanes: forward.py). Under a mesh, the kernels
+  run per shard: rows over the mesh axes `batch_axes`, heads over `head_axes`
+  (bipe_jax.attention.pallas.sharding).
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
   b, h, nq, d = q.shape
