@@ -20,9 +20,12 @@ NOISY_LOGGERS = ('asyncio', 'absl', 'orbax', 'orbax.checkpoint', 'tensorstore', 
 # What Python's unraisable hook reports for the reads abandoned by a failed restore: their closed
 # event loop, a coroutine never awaited, or the read's own error raised in a coroutine that
 # nobody awaits any more (Orbax's `_read_array_index_and_device_put`: "Exception ignored in:
-# <coroutine ...>" with the whole TensorStore spec, once per array of the damaged step).
+# <coroutine ...>" with the whole TensorStore spec, once per array of the damaged step), or
+# TensorStore's own read error left in a future nobody retrieves (asyncio's "Future exception was
+# never retrieved ... OUT_OF_RANGE: Error reading "<array>" in OCDBT database ...").
 ABANDONED_READ_MESSAGES = ('Event loop is closed', 'was never awaited',
-                           'Encountered error while reading array index')
+                           'Encountered error while reading array index',
+                           'in OCDBT database at')
 _CUT_AT = ('See full TensorStore details', 'tensorstore_spec', '\n')
 
 

@@ -44,6 +44,9 @@ def test_asyncio_reports_of_abandoned_reads_are_dropped_and_others_kept(caplog):
   log = logging.getLogger('asyncio')
   log.error('Task exception was never retrieved\nfuture: <Task exception=Exception("Encountered '
             'error while reading array index: (slice(0, 32, 1),). See full TensorStore")>')
+  log.error('Future exception was never retrieved\nfuture: <Future finished exception=ValueError('
+            '\'OUT_OF_RANGE: Error reading "opt_state.mu.kernel/0.0" in OCDBT database at local '
+            'file "/r/checkpoints/4/state/": Requested byte range [0, 9) is not valid\')>')
   log.error('Task exception was never retrieved\nfuture: <Task exception=ValueError("real")>')
   assert [r.getMessage()[-14:] for r in caplog.records] == ['ValueError("real")>'[-14:]]
 
