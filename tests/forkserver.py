@@ -120,6 +120,8 @@ def serve():
     importlib.import_module(name)
   from bipe_jax.training import progress  # pylint: disable=g-import-not-at-top
   progress._summary_writer_class()  # pylint: disable=protected-access  (tensorboardX, no torch)
+  from tests import gc_settings  # pylint: disable=g-import-not-at-top
+  gc_settings.collect_less_often(freeze=True)  # the children inherit both
   # The interpreter's own entries, without this process's first entry and PYTHONPATH.
   own = {os.path.abspath(p) for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p}
   base_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own]

@@ -1,5 +1,7 @@
 """bipe_jax.kernels: the portable and cpu paths compute the same losses and gradients for every
-encoding; 'auto' resolves by the platform of the devices the step runs on."""
+hook of the schemes (tests/scheme_cover.py: 14 schemes that between them use every input,
+rotary, bias and transform kind); 'auto' resolves by the platform of the devices the step runs
+on."""
 
 import dataclasses
 import functools
@@ -19,11 +21,11 @@ from bipe_jax import platform_choices
 from bipe_jax.config import ModelConfig
 from bipe_jax.kernels import process_setup
 from bipe_jax.model import Transformer
-from bipe_jax.schemes import SCHEME_NAMES
 from bipe_jax.training import chunked_loss
 from bipe_jax.training import train_step
 from tests import fixtures
 from tests import forkserver
+from tests.scheme_cover import HOOK_COVER
 
 ROOT = fixtures.ROOT
 B, T, V = 2, 16, 48
@@ -61,7 +63,7 @@ def _both_paths() -> dict:
   @jax.jit
   def all_encodings(tokens):
     out = {}
-    for name in SCHEME_NAMES:
+    for name in HOOK_COVER:
       cfg = config_lib.validate_model_config(dataclasses.replace(TINY, position_encoding=name))
       params = nn.meta.unbox(Transformer(cfg).init(jax.random.PRNGKey(0), tokens)['params'])
       out[name] = {k: jax.value_and_grad(_loss, argnums=1)(
@@ -87,10 +89,11 @@ def _differences(out: dict) -> list[str]:
 
 
 def test_portable_and_cpu_paths_give_the_same_loss_and_gradients():
-  """Every encoding, 1 layer, dense attention (the seam's softmax core), the chunked training
-  loss: one test (and one compile) so that pytest-xdist workers do not each compile it."""
+  """Every hook (HOOK_COVER's schemes), 1 layer, dense attention (the seam's softmax core), the
+  chunked training loss: one test (and one compile) so that pytest-xdist workers do not each
+  compile it."""
   everything = _both_paths()
-  assert sorted(everything) == sorted(SCHEME_NAMES)
+  assert sorted(everything) == sorted(HOOK_COVER)
   failures = {name: d for name, out in everything.items() if (d := _differences(out))}
   assert not failures, failures
 

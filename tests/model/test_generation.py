@@ -12,6 +12,7 @@ import pytest
 from bipe_jax import generation
 from bipe_jax.generation import SamplingConfig
 from tests import fixtures
+from tests.scheme_cover import HOOK_COVER
 from tests import forkserver
 
 
@@ -115,7 +116,6 @@ def test_bad_sampling_config(kwargs, field):
 import flax.linen as nn  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
 from tests.fixtures import tiny_model_config  # pylint: disable=g-import-not-at-top
 
 SEPS = (2, 3)
@@ -166,7 +166,7 @@ def test_init_cache_equals_model_init_cache():
   chex.assert_trees_all_equal(got, expected)
 
 
-@pytest.mark.parametrize('name', schemes.SCHEME_NAMES)
+@pytest.mark.parametrize('name', HOOK_COVER)
 def test_cached_generation_equals_full_forward(name):
   model, params = _tiny_model(name)
   new = 9

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from bipe_jax import generation
-from bipe_jax import schemes
 from tests.model.test_generation import _tiny_model
+from tests.scheme_cover import HOOK_COVER
 
 # Separators (2, 3) inside the prompts, so bilevel positions matter; lengths 7, 3 and 5.
 PROMPTS = [[4, 5, 2, 6, 7, 7, 3], [6, 2, 4], [1, 5, 3, 3, 6]]
@@ -22,7 +22,7 @@ def test_left_pad_by_hand():
     generation.left_pad([[1], []])
 
 
-@pytest.mark.parametrize('name', schemes.SCHEME_NAMES)
+@pytest.mark.parametrize('name', HOOK_COVER)
 def test_padded_batch_decodes_as_each_prompt_alone(name):
   """The left-padded batch's greedy continuation and logits equal those of each prompt alone,
   computed without padding and without a cache: one full forward of the row (the prompt and
@@ -30,7 +30,7 @@ def test_padded_batch_decodes_as_each_prompt_alone(name):
   and, by its argmax, the greedy token. The rows are right-filled to one length for a single
   compile: a causal model's logits do not depend on later tokens (test_model.py checks that for
   every scheme). test_generation.py checks cached decoding of one prompt against the full
-  forward for every scheme."""
+  forward for the same schemes."""
   model, params = _tiny_model(name)
   tokens, valid = generation.left_pad(PROMPTS, pad_value=PAD)
   new = 6
