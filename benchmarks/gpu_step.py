@@ -97,6 +97,7 @@ def main(argv=None) -> int:
   runs = {}
   for encoding in [e for e in args.encodings.split(',') if e]:
     for impl in [i for i in args.impls.split(',') if i]:
+      start = time.perf_counter()
       try:
         step, state, batch, step_flops, mesh = build_step(encoding, impl, args)
         with train_state.mesh_context(mesh):
@@ -104,7 +105,10 @@ def main(argv=None) -> int:
           jax.block_until_ready(state)
       except ValueError as e:
         rows.append([encoding, impl, 'skipped: ' + str(e).split(';')[0][:70], '', ''])
+        print(f'{encoding} {impl}: skipped ({str(e).split(";")[0][:70]})', file=sys.stderr)
         continue
+      print(f'{encoding} {impl}: built and compiled in {time.perf_counter() - start:.1f} s',
+            file=sys.stderr, flush=True)
       runs[(encoding, impl)] = [step, state, batch, step_flops, mesh]
   times = {key: [] for key in runs}
   for _ in range(args.repeats):  # interleaved: one step of each pair per round

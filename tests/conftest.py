@@ -48,7 +48,9 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 from tests import fixtures  # noqa: E402  (imports neither JAX nor bipe_jax)
 from tests import gc_settings  # noqa: E402
 gc_settings.collect_less_often()
-os.environ['XLA_FLAGS'] = ' '.join(fixtures.with_fast_compile(os.environ.get('XLA_FLAGS', '').split()))
+if os.environ['JAX_PLATFORMS'] == 'cpu':  # the flags tune XLA's CPU compiler (tests/gpu runs on cuda)
+  os.environ['XLA_FLAGS'] = ' '.join(fixtures.with_fast_compile(
+      os.environ.get('XLA_FLAGS', '').split()))
 CACHE_MAX_BYTES = str(64 * 2**30)  # the lock's switch; the suite writes well under 1 GiB
 
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get('PYTEST_XDIST_WORKER'):

@@ -103,6 +103,7 @@ def test_causal_outputs_ignore_future_tokens():
 def test_blocks_are_powers_of_two_for_triton():
   assert gpu_attention.gpu_block(64, 37) == 64
   assert gpu_attention.gpu_block(64, 5) == 16  # one tile, at least Triton's 16
+  assert gpu_attention.gpu_block(512, 4096) == gpu_attention.MAX_TRITON_BLOCK == 128
   assert gpu_attention.gpu_block(100, 1000) == 64  # rounded down to a power of two
   assert gpu_attention.gpu_block(128, 4096) == 128
 
