@@ -74,8 +74,8 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
       print('\n' + step_cost.format_prediction(prediction), flush=True)
       record['prediction'] = prediction.to_json()
   elif predict and platform != 'tpu':
-    print('no prediction: XLA\'s GPU compiler gives no cost model for a deviceless compile',
-          flush=True)
+    print('no prediction: the step-time model reads XLA\'s TPU cost model, which GPU programs '
+          'lack', flush=True)
   if output:
     workdir_io.write_json(output, record, indent=1)
   if not all(report.fits(step) for step in report.steps):

@@ -19,10 +19,12 @@ possible, and train/compile.py prints the lowered program's summary instead.
 """
 
 import dataclasses
+import importlib.util
 import re
 from typing import Optional
 
 GIB = 1024 ** 3
+CUDA_PLUGINS = ('jax_cuda12_plugin', 'jax_cuda13_plugin')  # either builds compile-only devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,18 +116,36 @@ def parse_topology(name: str) -> GpuTopology:
   return GpuTopology(GPU_TARGETS[gpu], hosts, count)
 
 
+LOCAL = 'local'  # --topology=local: this host's own GPUs, as JAX sees them
+
+
 def lower_only_reason() -> Optional[str]:
   """None when the CUDA plugin can build compile-only GPU devices here, else why not (one line)."""
-  try:
-    import jax_cuda12_plugin  # pylint: disable=import-outside-toplevel,unused-import
-  except ImportError:
+  if not any(importlib.util.find_spec(plugin) for plugin in CUDA_PLUGINS):
     return ('the CUDA PJRT plugin is not installed (make setup-cuda, or pip install -r '
             'requirements-cuda.txt), so XLA\'s GPU compiler is not available on this host')
   return None
 
 
+def local_gpus() -> list:
+  """This host's GPUs (`--topology=local`: the compile reads the card from the driver, which
+  checks the data-sheet descriptions below). Raises GpuTopologyError when JAX sees none."""
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    devices = jax.devices('cuda')
+  except RuntimeError:
+    devices = []
+  if not devices:
+    raise GpuTopologyError(f'--topology={LOCAL} compiles for this host\'s own GPUs, and JAX sees '
+                           'none here; name a GPU target instead, e.g. h100:8')
+  return devices
+
+
 def gpu_devices(name: str) -> list:
-  """Compile-only devices of GPU topology `name` ('h100:8', ...). Raises GpuTopologyError."""
+  """Compile-only devices of GPU topology `name` ('h100:8', ...), or with 'local' this host's
+  GPUs. Raises GpuTopologyError."""
+  if name.strip().lower() == LOCAL:
+    return local_gpus()
   topology = parse_topology(name)
   reason = lower_only_reason()
   if reason:

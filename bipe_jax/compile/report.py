@@ -133,7 +133,7 @@ def format_report(report: CompileReport) -> str:
   row('HBM', [gib(report.hbm_bytes)] * len(report.steps))
   row('fits', ['yes' if report.fits(st) else 'NO' for st in report.steps])
   row('model TFLOPs per step', [f'{st.model_flops / 1e12:.4g}' for st in report.steps])
-  # '-': refused, or no cost analysis (XLA's GPU compiler gives none for a deviceless compile)
+  # '-': refused, or no cost analysis (XLA's GPU one leaves out the library calls: aot.py)
   row('XLA TFLOPs (loops once)', ['-' if st.out_of_memory or not st.flops
                                    else f'{st.flops / 1e12:.4g}' for st in report.steps])
   for kind in COLLECTIVE_KINDS:

@@ -35,6 +35,13 @@ def test_parse_topology_refuses_in_one_line(name, says):
   assert '\n' not in str(info.value)
 
 
+def test_local_topology_refuses_without_a_gpu():
+  """--topology=local names this host's GPUs; on the CPU test host JAX sees none."""
+  with pytest.raises(gpu_targets.GpuTopologyError, match='JAX sees none here') as info:
+    gpu_targets.gpu_devices('local')
+  assert '\n' not in str(info.value)
+
+
 def test_target_config_carries_the_card():
   h100 = gpu_targets.GPU_TARGETS['h100']
   text = h100.target_config()
