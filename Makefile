@@ -13,6 +13,9 @@ CUDA_STAMP := $(VENV)/.cuda-installed
 # compileall's only errors are files this Python never imports (torch's Python 3.12-only test
 # helpers), so its report and status are dropped.
 PIP := $(PY) -m pip install -qq --no-compile
+# The pinned files go through uv where it works (tools/install_requirements.py: pip's own
+# configuration passed on, pip where uv fails): requirements.txt in 7 s against pip's 33 s.
+INSTALL := $(PY) tools/install_requirements.py
 PYC := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 
 .PHONY: test test-fast test-times test-gpu demo demo-all demo-dape demo-segments demo-che demo-fox setup setup-cuda clean
@@ -23,16 +26,16 @@ PYC := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 # What the library, training and the demo need (requirements.txt).
 $(CORE_STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip==25.3
-	$(PIP) -r requirements.txt
-	$(PIP) --no-build-isolation -c requirements.txt -e '.[training,evaluation]'
+	$(PIP) --upgrade pip==25.3 uv==0.13.9
+	$(INSTALL) -r requirements.txt
+	$(INSTALL) --no-build-isolation -c requirements.txt -e '.[training,evaluation]'
 	$(PYC)
 	touch $(CORE_STAMP)
 
 # The TPU compiler (requirements-tpu.txt): train/compile.py and its tests compile for TPU
 # topologies on this host. CPU runs do not need it (and start without probing for a TPU).
 $(TPU_STAMP): $(CORE_STAMP) requirements-tpu.txt
-	$(PIP) -r requirements-tpu.txt
+	$(INSTALL) -r requirements-tpu.txt
 	$(PYC)
 	touch $(TPU_STAMP)
 
@@ -41,15 +44,15 @@ $(TPU_STAMP): $(CORE_STAMP) requirements-tpu.txt
 # never load it; train/compile.py puts it on the path for --platform=cuda only.
 $(CUDA_STAMP): $(CORE_STAMP) requirements-cuda.txt
 	rm -rf $(VENV)/cuda-plugin
-	$(PIP) --no-deps --target $(VENV)/cuda-plugin -r requirements-cuda.txt
+	$(INSTALL) --no-deps --target $(VENV)/cuda-plugin -r requirements-cuda.txt
 	touch $(CUDA_STAMP)
 
 setup-cuda: $(CUDA_STAMP)
 
 # The tests also compare against PyTorch / Hugging Face models (requirements-interop.txt).
 $(TEST_STAMP): $(CORE_STAMP) $(TPU_STAMP) $(CUDA_STAMP) requirements-interop.txt
-	$(PIP) -r requirements-interop.txt
-	$(PIP) --no-build-isolation -c requirements.txt -c requirements-interop.txt -e '.[tests]'
+	$(INSTALL) -r requirements-interop.txt
+	$(INSTALL) --no-build-isolation -c requirements.txt -c requirements-interop.txt -e '.[tests]'
 	$(PYC)
 	touch $(TEST_STAMP)
 
