@@ -54,10 +54,9 @@ SMOKE = {
                                    '--notokenize_rate']),
     'fox_pruning.py': ('other', ['--lengths', '64', '--heads', '2', '--head_dim', '8',
                                  '--block_size', '32', '--gates', 'local', '--repeats', '1']),
-    # The GPU step benchmark at its smallest size (any platform; the CPU runs the kernels in
-    # Pallas interpret mode).
-    'gpu_step.py': ('steps', ['--smoke', '--encodings', 'bipe_alibi', '--impls',
-                              'blockwise,pallas_gpu']),
+    # The GPU step benchmark at its smallest size (any platform; the Triton kernel's own tests
+    # run it in Pallas interpret mode: tests/attention/test_pallas_gpu_attention.py).
+    'gpu_step.py': ('steps', ['--smoke', '--encodings', 'bipe_alibi', '--impls', 'blockwise']),
     # Last in its process: it makes the process single-threaded.
     'head_and_weight_gradient.py': ('other', ['--tokens', '64', '--repeats', '1']),
     # Compiled for TPU by libtpu on this host.
