@@ -3,6 +3,9 @@ else with pip (what `make setup` runs for each pinned requirements file).
 
     .venv/bin/python tools/install_requirements.py -r requirements.txt
     .venv/bin/python tools/install_requirements.py --no-build-isolation -c requirements.txt -e '.[tests]'
+    .venv/bin/python tools/install_requirements.py --python OTHER/bin/python dist/bipe_jax-*.whl
+
+`--python PATH` (first) installs into the environment of that interpreter instead.
 
 uv (installed beside pip by the Makefile, pinned there) resolves and unpacks the same pinned files
 several times faster than pip: on the 2-core machine requirements.txt took 7 s against pip's
@@ -59,15 +62,18 @@ def uv_arguments(settings: dict) -> list:
 
 
 def main(argv: list) -> int:
+  target = sys.executable
+  if argv[:1] == ['--python']:
+    target, argv = argv[1], argv[2:]
   uv = os.path.join(os.path.dirname(sys.executable), 'uv')
   if os.path.exists(uv):
-    command = [uv, 'pip', 'install', '--quiet', '--python', sys.executable, '--link-mode=copy',
+    command = [uv, 'pip', 'install', '--quiet', '--python', target, '--link-mode=copy',
                '--index-strategy', 'unsafe-best-match', *uv_arguments(pip_settings()), *argv]
     if subprocess.run(command, check=False).returncode == 0:
       return 0
     print('install_requirements: uv failed (above); installing with pip', file=sys.stderr)
-  return subprocess.run([sys.executable, '-m', 'pip', 'install', '-qq', '--no-compile', *argv],
-                        check=False).returncode
+  return subprocess.run([sys.executable, '-m', 'pip', '--python', target, 'install', '-qq',
+                         '--no-compile', *argv], check=False).returncode
 
 
 if __name__ == '__main__':

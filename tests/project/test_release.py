@@ -43,15 +43,14 @@ def test_the_wheel_installs_with_the_core_dependencies_only_and_imports(tmp_path
   wheel, = (tmp_path / 'dist').iterdir()
   assert wheel.name == f'bipe_jax-{bipe_jax.__version__}-py3-none-any.whl'
 
-  # A fresh virtualenv without pip: this environment's pip installs into it, the wheel with
-  # its core dependencies only (no extras) from the configured package index, without
-  # compiling .pyc files (the slow part).
+  # A fresh virtualenv without pip: the set-up's installer (uv, else this environment's pip)
+  # installs into it the wheel with its core dependencies only (no extras), from the package
+  # index pip is configured with, without compiling .pyc files.
   venv = tmp_path / 'venv'
   subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
   python = str(venv / 'bin' / 'python')
-  subprocess.run([sys.executable, '-m', 'pip', '--python', python, 'install', '-q',
-                  '--no-compile', '--disable-pip-version-check', str(wheel)], check=True,
-                 capture_output=True)
+  subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'install_requirements.py'),
+                  '--python', python, str(wheel)], check=True, capture_output=True)
   installed = subprocess.run(
       [python, '-c', 'import importlib.metadata as md; print(sorted(d.metadata["Name"].lower() '
        'for d in md.distributions()))'], check=True, capture_output=True, text=True).stdout
