@@ -224,6 +224,9 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if not cfg.fox_log_pruning_tolerance <= 0:
     raise _err('fox_log_pruning_tolerance', cfg.fox_log_pruning_tolerance,
                'must be a natural log < 0 (0 = off)')
+  if cfg.fox_log_pruning_tolerance < 0 and not cfg.causal:
+    raise _err('fox_log_pruning_tolerance', cfg.fox_log_pruning_tolerance,
+               'prunes causal key blocks only: set it to 0 with model.causal=False')
   if cfg.nope_every and cfg.scan_layers:
     raise _err('nope_every', cfg.nope_every, 'needs scan_layers=False (the layers differ)')
   if cfg.query_log_scale and cfg.train_length < 2:

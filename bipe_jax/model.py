@@ -252,7 +252,7 @@ class Attention(nn.Module):
   def _forget_gate_streams(self, x_BxTxD: jax.Array, q_side: Side, k_side: Side,
                            cache_index: jax.Array) -> tuple:
     """FoX's cumulative log forget gates (c of the queries [B, Q, H], c of the keys [B, K, H],
-    float32; encodings/fox.py). Decoding keeps c of every cache slot ('fox_c'), so a chunk
+    float32; encodings/fox.py; in encoder mode the streams of fox.fox_bias_two_sided). Decoding keeps c of every cache slot ('fox_c'), so a chunk
     continues from the c of the slot before it; with a context axis, c is a prefix sum carried
     across the shards."""
     cfg, s = self.config, self.config.scheme
@@ -276,6 +276,8 @@ class Attention(nn.Module):
       c = context_parallel.global_cumsum(log_f)
     else:
       c = fox.cumulative_log_gates(log_f)
+    if not cfg.causal:  # encoder mode: fox.fox_bias_two_sided's streams
+      return (c, q_side.index), (c, log_f, k_side.index)
     return c, c
 
   def _transform_fn(self) -> tuple:
@@ -339,7 +341,9 @@ class Attention(nn.Module):
       cope.check_length(k.shape[2])
       impl = 'dense'
       qe = cope.CopeEmbedding(cfg.cope_positions, name='cope')(q)
-      transform_fn = cope.cope_transform(qe, 1.0 / math.sqrt(dh))
+      qe_right = (None if cfg.causal else  # encoder mode: keys on the right read their own table
+                  cope.CopeEmbedding(cfg.cope_positions, name='cope_right')(q))
+      transform_fn = cope.cope_transform(qe, 1.0 / math.sqrt(dh), qe_right)
     if not cfg.causal and self.decode:  # encoder mode (config validation refuses the rest)
       raise ValueError('model.causal=False (encoder mode) cannot decode: use a full forward.')
     documents = cfg.mask_across_documents
@@ -366,7 +370,8 @@ class Attention(nn.Module):
                       k_streams=k_side.stream(scheme.bias_stream))
     elif scheme.uses_forget_gate:
       c_q, c_k = self._forget_gate_streams(x_BxTxD, q_side, k_side, cache_index)
-      kwargs.update(bias_fn=fox.fox_bias, q_streams=c_q, k_streams=c_k)
+      kwargs.update(bias_fn=fox.fox_bias if cfg.causal else fox.fox_bias_two_sided,
+                    q_streams=c_q, k_streams=c_k)
       if impl == 'blockwise' and cfg.fox_log_pruning_tolerance < 0:
         kwargs.update(block_prune=fox.block_prune(cfg.fox_log_pruning_tolerance))
     elif (bias_fn := self._bias_fn()) is not None:

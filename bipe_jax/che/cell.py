@@ -8,6 +8,8 @@ import os
 import time
 from typing import Callable, Optional
 
+import jax
+
 from bipe_jax import model as model_lib
 from bipe_jax import schemes
 from bipe_jax.che import batches as batches_lib
@@ -61,7 +63,8 @@ def run_cell(task_name: str, encoding: str, seed: int, budget: training.Budget, 
       budget=dataclasses.asdict(budget), eval=dataclasses.asdict(plan),
       model=dict(num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
                  num_heads=cfg.num_heads, ffn_size=cfg.ffn_size, causal=cfg.causal),
-      final_loss=losses[-1], train_seconds=round(train_s, 1), eval_seconds=round(eval_s, 1))
+      final_loss=losses[-1], train_seconds=round(train_s, 1), eval_seconds=round(eval_s, 1),
+      device=jax.devices()[0].device_kind, jax_version=jax.__version__)
 
 
 def write_json(path: str, payload) -> None:

@@ -32,6 +32,22 @@ def define_common() -> None:
   flags.DEFINE_string('segmentation', 'task',
                       "BiPE's segments on CHE: none | task | fixed:K (bipe_jax/che/segments.py).")
   flags.DEFINE_string('output_dir', 'che_out', 'Where cells, results.json, table.md, PNGs go.')
+  flags.DEFINE_string('shard', '', "'I/N': run only every N-th (task, encoding) pair from the "
+                      'I-th (0-based), writing cells only: N processes share a grid; a last run '
+                      'without --shard writes the summary (bipe_jax/che/sweep.py).')
+
+
+def parse_shard(spec: str):
+  """'' -> None; 'I/N' -> (I, N) with 0 <= I < N."""
+  if not spec:
+    return None
+  try:
+    i, n = (int(x) for x in spec.split('/'))
+    if not 0 <= i < n:
+      raise ValueError
+  except ValueError:
+    raise ValueError(f"--shard={spec!r} must be 'I/N' with 0 <= I < N.") from None
+  return i, n
 
 
 def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> int:
@@ -44,6 +60,7 @@ def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> in
     seeds = [int(s) for s in FLAGS.seeds]
     segments.parse(FLAGS.segmentation)
     scoring.parse_lengths(FLAGS.eval_lengths)
+    shard = parse_shard(FLAGS.shard)
     for name in ('steps', 'batch_size', 'eval_samples', 'bucket'):
       if getattr(FLAGS, name) < 1:
         raise ValueError(f'--{name}={getattr(FLAGS, name)} must be >= 1.')
@@ -55,13 +72,14 @@ def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> in
                            bucket=FLAGS.bucket)
   try:
     summary = sweep.run_grid(task_names, encodings, seeds, budget, plan, FLAGS.output_dir,
-                             segmentation=FLAGS.segmentation, command=command)
+                             segmentation=FLAGS.segmentation, command=command, shard=shard)
   except ValueError as e:
     cli.fail(str(e))
   print(f'\nCHE score x 100 (mean accuracy over {summary["scored_lengths"]}; trained on 1..40; '
         f'{budget.steps} steps, batch {budget.batch_size}, lr {budget.learning_rate}; '
         f'BiPE segments: {FLAGS.segmentation}):')
   print(summary['table'])
-  print(f'written to {FLAGS.output_dir}/ (results.json, table.md, TASK.png); '
+  written = 'cells/ of this shard' if shard else 'results.json, table.md, TASK.png'
+  print(f'written to {FLAGS.output_dir}/ ({written}); '
         f'wall time {time.perf_counter() - start:.0f}s')
   return 0

@@ -9,13 +9,18 @@ A rerun skips the finished cells; a finished cell whose budget, scoring plan or 
 differs from the run's is refused (one line naming the file), so one grid never mixes budgets.
 Order: seed-major (every task x encoding of seed 0 first), so an interrupted grid has whole
 columns to compare.
+
+Several processes (e.g. on one GPU): `shard=(i, n)` runs only the (task, encoding) pairs whose
+index in the grid is i mod n, every seed of a pair in a row (so the compiled programs of one
+pair are reused), and writes cells only; a last run without a shard, once every cell exists,
+writes results.json, table.md and the PNGs.
 """
 
 import dataclasses
 import json
 import os
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -64,32 +69,41 @@ def mean_curves(cells: Sequence[dict], task: str) -> dict:
 def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int],
              budget: training.Budget, plan: cell_lib.EvalPlan, output_dir: str, *,
              segmentation: str = 'task', command: str = '',
-             say: Optional[Callable[[str], None]] = None) -> dict:
-  """Runs the missing cells; returns the summary also written to results.json."""
+             say: Optional[Callable[[str], None]] = None,
+             shard: Optional[Tuple[int, int]] = None) -> dict:
+  """Runs the missing cells; returns the summary also written to results.json (with a shard:
+  only its cells' table, nothing written but the cells)."""
   say = say or print
   cells = []
   total = len(tasks) * len(encodings) * len(seeds)
-  for seed in seeds:
-    for t in tasks:
-      for e in encodings:
-        path = cell_path(output_dir, t, e, seed)
-        if os.path.exists(path):
-          with open(path) as f:
-            done = json.load(f)
-          _check_same_setup(path, done, budget, plan, segmentation)
-          cells.append(done)
-          continue
-        say(f'[{len(cells) + 1}/{total}] {t} {e} seed {seed}')
-        start = time.perf_counter()
-        result = cell_lib.run_cell(t, e, seed, budget, plan, segmentation=segmentation,
-                                   progress=say)
-        result['command'] = command
-        cell_lib.write_json(path, result)
-        cells.append(result)
-        say(f'  score {100 * result["score"]:.1f} (lengths 41..500), in-distribution '
-            f'{100 * result["in_distribution"]:.1f} ({time.perf_counter() - start:.0f}s)')
-        _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation,
-                       command)
+  order = [(seed, t, e) for seed in seeds for t in tasks for e in encodings]
+  if shard is not None:
+    i, n = shard
+    pairs = [(t, e) for t in tasks for e in encodings][i::n]
+    order = [(seed, t, e) for t, e in pairs for seed in seeds]
+    total = len(order)
+  for seed, t, e in order:
+    path = cell_path(output_dir, t, e, seed)
+    if os.path.exists(path):
+      with open(path) as f:
+        done = json.load(f)
+      _check_same_setup(path, done, budget, plan, segmentation)
+      cells.append(done)
+      continue
+    say(f'[{len(cells) + 1}/{total}] {t} {e} seed {seed}')
+    start = time.perf_counter()
+    result = cell_lib.run_cell(t, e, seed, budget, plan, segmentation=segmentation,
+                               progress=say)
+    result['command'] = command
+    cell_lib.write_json(path, result)
+    cells.append(result)
+    say(f'  score {100 * result["score"]:.1f} (lengths 41..500), in-distribution '
+        f'{100 * result["in_distribution"]:.1f} ({time.perf_counter() - start:.0f}s)')
+    if shard is None:
+      _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation, command)
+  if shard is not None:
+    return dict(table=table(cells, tasks, encodings),
+                scored_lengths=cells[0]['scored_lengths'] if cells else '')
   return _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation,
                         command)
 

@@ -26,6 +26,16 @@ convention (a separator ends its segment). The intra-segment embedding is BiPE's
 
 Padding (valid False) takes log f = 0, so c carries across it: left padding is invisible.
 
+Encoder mode (`model.causal=False`, fox_bias_two_sided). Keys after the query decay by the gates
+between them, and half a gate further (the project's two-sided rule, encodings/two_sided.py):
+
+  D_ij = c_i - c_j                      for j <= i   (the causal bias)
+       = c_j - c_i + (1/2) log f_j      for j >  i   (= sum_{l = i+1 .. j} log f_l + log f_j / 2)
+
+With every gate log f = -m this is the two-sided ALiBi bias -m (j - i + 1/2) on the right; the
+half step tells a key on the right from one at the same gated distance on the left. Still a
+function of differences of c: shifting c changes nothing.
+
 Shapes: x [B, T, D], log f and c [B, T, H] float32 (the streams that travel beside the
 positions; float streams get gradients in every attention path), bias [B, H, Q, K].
 """
@@ -43,6 +53,17 @@ def fox_bias(c_q_BxQxH: jax.Array, c_k_BxKxH: jax.Array) -> jax.Array:
   c_q = jnp.moveaxis(c_q_BxQxH.astype(jnp.float32), 2, 1)  # [B, H, Q]
   c_k = jnp.moveaxis(c_k_BxKxH.astype(jnp.float32), 2, 1)  # [B, H, K]
   return c_q[:, :, :, None] - c_k[:, :, None, :]
+
+
+def fox_bias_two_sided(q_streams: tuple, k_streams: tuple) -> jax.Array:
+  """The encoder-mode bias (module docstring), float32 [B, H, Q, K]. q_streams: (c [B, Q, H],
+  index [B, Q]); k_streams: (c [B, K, H], log f [B, K, H] (masked), index [B, K])."""
+  c_q, index_q = q_streams
+  c_k, log_f_k, index_k = k_streams
+  left = fox_bias(c_q, c_k)
+  right = -fox_bias(c_q, c_k.astype(jnp.float32) + 0.5 * log_f_k.astype(jnp.float32))
+  past_Bx1xQxK = index_k[:, None, None, :] <= index_q[:, None, :, None]
+  return jnp.where(past_Bx1xQxK, left, right)
 
 
 def segment_starts(intra_BxT: jax.Array, inter_BxT: jax.Array,

@@ -14,6 +14,7 @@ from bipe_jax import model as model_lib
 from bipe_jax import schemes
 from bipe_jax.che import batches
 from bipe_jax.che import cell
+from bipe_jax.che import flags as che_flags
 from bipe_jax.che import model as che_model
 from bipe_jax.che import scoring
 from bipe_jax.che import segments
@@ -180,6 +181,29 @@ def test_grid_is_incremental_and_resumable(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match='this finished cell has'):
     sweep.run_grid(['parity_check'], ['rope'], [0], training.Budget(steps=4), plan, out,
                    say=lambda _: None)
+
+
+def test_shards_split_the_pairs_and_a_last_run_assembles(tmp_path, monkeypatch):
+  """Two shards run disjoint (task, encoding) pairs, each pair's seeds in a row, and write
+  cells only; the run without a shard then trains nothing and writes the summary."""
+  calls = []
+  monkeypatch.setattr(cell, 'run_cell', _fake_cell(calls))
+  budget, plan = training.Budget(steps=3), cell.EvalPlan(lengths='1,41')
+  out, grid = str(tmp_path), (['parity_check', 'reverse_string'], ['rope', 'alibi', 'nope'])
+  for i in (0, 1):
+    sweep.run_grid(*grid, [0, 1], budget, plan, out, say=lambda _: None, shard=(i, 2))
+    assert not os.path.exists(os.path.join(out, 'results.json'))
+  assert calls[:2] == [('parity_check', 'rope', 0), ('parity_check', 'rope', 1)]
+  assert sorted(calls) == sorted((t, e, s) for t in grid[0] for e in grid[1] for s in (0, 1))
+  assert {c[:2] for c in calls[:6]} == {('parity_check', 'rope'), ('parity_check', 'nope'),
+                                        ('reverse_string', 'alibi')}
+  summary = sweep.run_grid(*grid, [0, 1], budget, plan, out, say=lambda _: None)
+  assert len(calls) == 12 and len(summary['cells']) == 12
+  assert os.path.exists(os.path.join(out, 'results.json'))
+  for bad in ('2/2', '1', 'a/b', '-1/3'):
+    with pytest.raises(ValueError, match='--shard'):
+      che_flags.parse_shard(bad)
+  assert che_flags.parse_shard('') is None and che_flags.parse_shard('1/4') == (1, 4)
 
 
 @pytest.mark.slow
