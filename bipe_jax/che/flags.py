@@ -36,6 +36,9 @@ def define_common() -> None:
                       'I-th (0-based), writing cells only: N processes share a grid; a last run '
                       'without --shard writes the summary (bipe_jax/che/sweep.py).')
 
+  flags.DEFINE_bool('assemble_only', False, 'Write results.json, table.md and the PNGs from the '
+                    'cells finished so far; train nothing.')
+
 
 def parse_shard(spec: str):
   """'' -> None; 'I/N' -> (I, N) with 0 <= I < N."""
@@ -72,7 +75,8 @@ def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> in
                            bucket=FLAGS.bucket)
   try:
     summary = sweep.run_grid(task_names, encodings, seeds, budget, plan, FLAGS.output_dir,
-                             segmentation=FLAGS.segmentation, command=command, shard=shard)
+                             segmentation=FLAGS.segmentation, command=command, shard=shard,
+                             train_missing=not FLAGS.assemble_only)
   except ValueError as e:
     cli.fail(str(e))
   print(f'\nCHE score x 100 (mean accuracy over {summary["scored_lengths"]}; trained on 1..40; '

@@ -11,6 +11,7 @@ number of programs is the number of buckets, not of lengths. Padding changes no 
 (batches.py; tests/che/test_che.py).
 """
 
+import functools
 import math
 from typing import Iterable, Sequence
 
@@ -47,13 +48,19 @@ def _round_up(n: int, bucket: int) -> int:
   return int(math.ceil(n / bucket) * bucket)
 
 
+@functools.lru_cache(maxsize=4)
+def _predict(module, output_size: int):
+  """jitted (params, batch) -> argmax outputs [N, O]; cached per model (its programs are
+  reused by the next seed's scoring)."""
+  return jax.jit(lambda p, b: jnp.argmax(che_model.output_logits(module, p, b, output_size), -1))
+
+
 def per_length_accuracy(task: Task, module, params, lengths: Sequence[int], *, samples: int,
                         seed: int, segmentation: str, bucket: int = 64,
                         rows_per_call: int = 32) -> dict:
   """{length: accuracy}. Each length's rows come from np.random.default_rng([seed, length]),
   so they do not depend on the bucketing or on the other lengths."""
-  predict = jax.jit(lambda p, b: jnp.argmax(che_model.output_logits(module, p, b,
-                                                                    task.output_size), -1))
+  predict = _predict(module, task.output_size)
   groups = {}
   for n in lengths:
     key = (_round_up(batches_lib.row_length(task, n), bucket),

@@ -13,7 +13,8 @@ columns to compare.
 Several processes (e.g. on one GPU): `shard=(i, n)` runs only the (task, encoding) pairs whose
 index in the grid is i mod n, every seed of a pair in a row (so the compiled programs of one
 pair are reused), and writes cells only; a last run without a shard, once every cell exists,
-writes results.json, table.md and the PNGs.
+writes results.json, table.md and the PNGs. `--assemble_only` writes them from the cells
+finished so far, training nothing.
 """
 
 import dataclasses
@@ -70,11 +71,12 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
              budget: training.Budget, plan: cell_lib.EvalPlan, output_dir: str, *,
              segmentation: str = 'task', command: str = '',
              say: Optional[Callable[[str], None]] = None,
-             shard: Optional[Tuple[int, int]] = None) -> dict:
+             shard: Optional[Tuple[int, int]] = None, train_missing: bool = True) -> dict:
   """Runs the missing cells; returns the summary also written to results.json (with a shard:
-  only its cells' table, nothing written but the cells)."""
+  only its cells' table, nothing written but the cells). `train_missing=False`: the summary of
+  the finished cells only (a grid still running elsewhere), nothing trained."""
   say = say or print
-  cells = []
+  cells, missing = [], 0
   total = len(tasks) * len(encodings) * len(seeds)
   order = [(seed, t, e) for seed in seeds for t in tasks for e in encodings]
   if shard is not None:
@@ -90,6 +92,9 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
       _check_same_setup(path, done, budget, plan, segmentation)
       cells.append(done)
       continue
+    if not train_missing:
+      missing += 1
+      continue
     say(f'[{len(cells) + 1}/{total}] {t} {e} seed {seed}')
     start = time.perf_counter()
     result = cell_lib.run_cell(t, e, seed, budget, plan, segmentation=segmentation,
@@ -101,6 +106,8 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
         f'{100 * result["in_distribution"]:.1f} ({time.perf_counter() - start:.0f}s)')
     if shard is None:
       _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation, command)
+  if missing:
+    say(f'{missing} of {total} cells not finished yet (not trained: assembling only)')
   if shard is not None:
     return dict(table=table(cells, tasks, encodings),
                 scored_lengths=cells[0]['scored_lengths'] if cells else '')

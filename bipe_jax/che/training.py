@@ -5,6 +5,7 @@ position (the benchmark's loss: padding outputs after a terminator included), Ad
 clipped at global norm 1."""
 
 import dataclasses
+import functools
 import time
 from typing import Callable, Optional
 
@@ -33,17 +34,15 @@ def cross_entropy(logits_NxOxC: jax.Array, targets_NxO: jax.Array, mask_NxO: jax
   return jnp.sum(nll * mask_NxO) / jnp.maximum(jnp.sum(mask_NxO), 1)
 
 
-def train(task: Task, module, params, budget: Budget, *, seed: int, segmentation: str,
-          progress: Optional[Callable[[int, float, float], None]] = None, log_every: int = 100):
-  """Returns (params, losses [steps]); `progress(step, loss, seconds)` every `log_every`."""
-  lengths = range(1, budget.max_length + 1)
-  pad_to = max(batches_lib.row_length(task, n) for n in lengths)
-  out_pad = max(task.output_length(n) for n in lengths)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(budget.learning_rate))
-  opt_state = tx.init(params)
+@functools.lru_cache(maxsize=4)
+def train_step(module, output_size: int, learning_rate: float):
+  """(optimizer, jitted step(params, opt_state, batch) -> (params, opt_state, loss)) of one
+  model, task output size and learning rate. Cached: the cells of a grid that differ only by
+  seed (or task with the same sizes) reuse one compiled program."""
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
 
   def loss_fn(p, batch):
-    logits = che_model.output_logits(module, p, batch, task.output_size)
+    logits = che_model.output_logits(module, p, batch, output_size)
     return cross_entropy(logits, batch['targets'], batch['out_valid'])
 
   @jax.jit
@@ -51,6 +50,18 @@ def train(task: Task, module, params, budget: Budget, *, seed: int, segmentation
     loss, grads = jax.value_and_grad(loss_fn)(p, batch)
     updates, state = tx.update(grads, state, p)
     return optax.apply_updates(p, updates), state, loss
+
+  return tx, step
+
+
+def train(task: Task, module, params, budget: Budget, *, seed: int, segmentation: str,
+          progress: Optional[Callable[[int, float, float], None]] = None, log_every: int = 100):
+  """Returns (params, losses [steps]); `progress(step, loss, seconds)` every `log_every`."""
+  lengths = range(1, budget.max_length + 1)
+  pad_to = max(batches_lib.row_length(task, n) for n in lengths)
+  out_pad = max(task.output_length(n) for n in lengths)
+  tx, step = train_step(module, task.output_size, budget.learning_rate)
+  opt_state = tx.init(params)
 
   rng = np.random.default_rng(seed)
   losses, start = [], time.perf_counter()

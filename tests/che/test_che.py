@@ -193,6 +193,14 @@ def test_shards_split_the_pairs_and_a_last_run_assembles(tmp_path, monkeypatch):
   for i in (0, 1):
     sweep.run_grid(*grid, [0, 1], budget, plan, out, say=lambda _: None, shard=(i, 2))
     assert not os.path.exists(os.path.join(out, 'results.json'))
+    if i == 0:  # half the grid finished: assembling trains nothing and tables what exists
+      said = []
+      partial = sweep.run_grid(*grid, [0, 1], budget, plan, out, say=said.append,
+                               train_missing=False)
+      assert len(calls) == 6 and len(partial['cells']) == 6
+      assert said == ['6 of 12 cells not finished yet (not trained: assembling only)']
+      assert '| reverse_string | regular | - | 15.0 ± 5.0 (2) | - |' in partial['table']
+      os.remove(os.path.join(out, 'results.json'))
   assert calls[:2] == [('parity_check', 'rope', 0), ('parity_check', 'rope', 1)]
   assert sorted(calls) == sorted((t, e, s) for t in grid[0] for e in grid[1] for s in (0, 1))
   assert {c[:2] for c in calls[:6]} == {('parity_check', 'rope'), ('parity_check', 'nope'),
@@ -204,6 +212,16 @@ def test_shards_split_the_pairs_and_a_last_run_assembles(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match='--shard'):
       che_flags.parse_shard(bad)
   assert che_flags.parse_shard('') is None and che_flags.parse_shard('1/4') == (1, 4)
+
+
+def test_cells_of_one_model_reuse_the_compiled_step_and_predictor():
+  """Seeds of one (task, encoding) build equal modules: the jitted functions are shared, so the
+  next seed compiles nothing (bipe_jax/che/training.py, scoring.py)."""
+  task = tasks.get_task('parity_check')
+  make = lambda: model_lib.Transformer(che_model.che_model_config(task, 'rope', max_tokens=64))
+  assert training.train_step(make(), 2, 1e-3) is training.train_step(make(), 2, 1e-3)
+  assert training.train_step(make(), 2, 1e-3) is not training.train_step(make(), 2, 3e-3)
+  assert scoring._predict(make(), 2) is scoring._predict(make(), 2)  # pylint: disable=protected-access
 
 
 @pytest.mark.slow
