@@ -22,13 +22,16 @@ def che_model_config(task: Task, encoding: str, *, max_tokens: int, num_layers: 
                      hidden_size: int = 64, num_heads: int = 8,
                      train_length: int = TRAIN_MAX_LENGTH) -> ModelConfig:
   """The encoder for `task`; `max_tokens` bounds every row (sizes the learned position tables:
-  learned intra (BiPE) and learned absolute)."""
+  learned intra (BiPE) and learned absolute). CoPE's position vectors cover the longest training
+  row (official: the block size + 1): its positions never exceed a row's length, so the vectors
+  past it would stay at their zero init, and longer rows clamp at the last one."""
   return model_config_from_dict(dict(
       vocab_size=batches_lib.vocab_size(task), hidden_size=hidden_size, num_layers=num_layers,
       num_heads=num_heads, ffn_size=4 * hidden_size, position_encoding=encoding,
       max_intra=max_tokens, max_position=max_tokens, train_length=train_length,
       separators='ids' if task.separator_ids else 'auto', separator_ids=task.separator_ids,
       bos_id=-1, eos_id=-1, pad_id=-1, attention_impl='blockwise', block_size=128,
+      cope_npos=batches_lib.row_length(task, train_length) + 1,
       causal=False), require_separators=False)
 
 

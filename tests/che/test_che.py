@@ -145,6 +145,13 @@ def test_every_encoding_runs(encoding):
   assert logits.shape == (2, 1, 5) and bool(jnp.all(jnp.isfinite(logits)))
 
 
+def test_cope_vectors_cover_the_longest_training_row():
+  task = tasks.get_task('reverse_string')
+  cfg = che_model.che_model_config(task, 'cope', max_tokens=1200)
+  assert cfg.cope_positions == batches.row_length(task, che_model.TRAIN_MAX_LENGTH) + 1 == 81
+  assert cfg.max_position >= 1200  # the other tables still cover every scored row
+
+
 def test_refused_encoding_says_why():
   with pytest.raises(ValueError, match='model.causal=False'):
     che_model.che_model_config(tasks.get_task('parity_check'), 'dapev2_kerple', max_tokens=64)
