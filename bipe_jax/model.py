@@ -252,9 +252,9 @@ class Attention(nn.Module):
   def _forget_gate_streams(self, x_BxTxD: jax.Array, q_side: Side, k_side: Side,
                            cache_index: jax.Array) -> tuple:
     """FoX's cumulative log forget gates (c of the queries [B, Q, H], c of the keys [B, K, H],
-    float32; encodings/fox.py; in encoder mode the streams of fox.fox_bias_two_sided). Decoding keeps c of every cache slot ('fox_c'), so a chunk
-    continues from the c of the slot before it; with a context axis, c is a prefix sum carried
-    across the shards."""
+    float32; encodings/fox.py; in encoder mode the streams of fox.fox_bias_two_sided).
+    Decoding keeps c of every cache slot ('fox_c'), so a chunk continues from the c of the slot
+    before it; with a context axis, c is a prefix sum carried across the shards."""
     cfg, s = self.config, self.config.scheme
     t = x_BxTxD.shape[1]
     log_f = fox.ForgetGate(cfg.num_heads, data_dependent=s.bias == 'fox',

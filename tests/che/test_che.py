@@ -228,7 +228,8 @@ def test_cells_of_one_model_reuse_the_compiled_step_and_predictor():
   make = lambda: model_lib.Transformer(che_model.che_model_config(task, 'rope', max_tokens=64))
   assert training.train_step(make(), 2, 1e-3) is training.train_step(make(), 2, 1e-3)
   assert training.train_step(make(), 2, 1e-3) is not training.train_step(make(), 2, 3e-3)
-  assert scoring._predict(make(), 2) is scoring._predict(make(), 2)  # pylint: disable=protected-access
+  predict = scoring._predict  # pylint: disable=protected-access
+  assert predict(make(), 2) is predict(make(), 2)
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ SCRIPT = os.path.join(fixtures.ROOT, 'eval', 'che_sweep_shards.sh')
 def _run(tmp_path, *args, **env):
   log = tmp_path / 'calls.txt'
   fake = tmp_path / 'fake_python'  # records each call's arguments instead of running Python
-  fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n[ -z "$FAIL" ] || case "$*" in *--shard=1/*) exit 3;; esac\n')
+  fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
+                  '[ -z "$FAIL" ] || case "$*" in *--shard=1/*) exit 3;; esac\n')
   fake.chmod(0o755)
   proc = subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=60,
                         env=dict(os.environ, PYTHON=str(fake), **env))
