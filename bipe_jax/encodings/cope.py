@@ -59,13 +59,17 @@ def cope_positions_right(scores_BxHxQxK: jax.Array, right_Bx1xQxK: jax.Array,
   return jnp.minimum(jnp.cumsum(_gates(scores_BxHxQxK, right_Bx1xQxK), axis=-1), npos - 1)
 
 
-def _interpolated(qe_BxHxQxN: jax.Array, p_BxHxQxK: jax.Array) -> jax.Array:
-  """q . e(p) [B, H, Q, K] from the products q . e[n] (unscaled)."""
+def _interpolated(qe_BxHxQxN: jax.Array, p_BxHxQxK: jax.Array,
+                  offset_BxHxQxK: Optional[jax.Array] = None) -> jax.Array:
+  """q . e(p) [B, H, Q, K] from the products q . e[n] (unscaled); `offset` (int) shifts the
+  gathered index (the encoder reads its right table from the upper half of `qe`)."""
   lo = jax.lax.stop_gradient(jnp.floor(p_BxHxQxK)).astype(jnp.int32)
   hi = jax.lax.stop_gradient(jnp.ceil(p_BxHxQxK)).astype(jnp.int32)
+  w = p_BxHxQxK - lo.astype(jnp.float32)
+  if offset_BxHxQxK is not None:
+    lo, hi = lo + offset_BxHxQxK, hi + offset_BxHxQxK
   qe = qe_BxHxQxN.astype(jnp.float32)
   at = lambda index: jnp.take_along_axis(qe, index, axis=-1)
-  w = p_BxHxQxK - lo.astype(jnp.float32)
   return at(hi) * w + at(lo) * (1.0 - w)
 
 
@@ -82,10 +86,13 @@ def cope_logits_two_sided(scores_BxHxQxK: jax.Array, qe_BxHxQxN: jax.Array,
   """Encoder mode: keys j <= i as cope_logits (table e); keys j > i with p = the gates from the
   query to the key (cope_positions_right) and the table e_right. `past` / `right`: the valid
   keys j <= i / j >= i."""
-  left = cope_logits(scores_BxHxQxK, qe_BxHxQxN, past_Bx1xQxK, scale)
-  p = cope_positions_right(scores_BxHxQxK, right_Bx1xQxK, qe_right_BxHxQxN.shape[-1])
-  right = scores_BxHxQxK.astype(jnp.float32) + scale * _interpolated(qe_right_BxHxQxN, p)
-  return jnp.where(past_Bx1xQxK, left, right)
+  npos = qe_BxHxQxN.shape[-1]
+  p = jnp.where(past_Bx1xQxK, cope_positions(scores_BxHxQxK, past_Bx1xQxK, npos),
+                cope_positions_right(scores_BxHxQxK, right_Bx1xQxK, npos))
+  # One gather pair over both tables ([e | e_right]): the right keys' indices shifted by npos.
+  offset = jnp.where(past_Bx1xQxK, 0, npos)
+  both = jnp.concatenate([qe_BxHxQxN, qe_right_BxHxQxN], axis=-1)
+  return scores_BxHxQxK.astype(jnp.float32) + scale * _interpolated(both, p, offset)
 
 
 def cope_transform(qe_BxHxQxN: jax.Array, scale: float,
