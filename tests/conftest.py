@@ -30,7 +30,8 @@ which `make test` installs) around every read and write, so a reader waits for t
 finish (tests/project/test_compilation_cache_lock.py shows both behaviours). The suite sets JAX_COMPILATION_CACHE_MAX_SIZE (a limit
 far above what it writes: nothing is evicted) in the environment that the workers and every
 subprocess inherit, so all of them use the lock. Since each store then lists the cache directory,
-only compiles of at least a second are stored (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1).
+only compiles of at least a quarter second (subprocesses) or a second (the pytest processes)
+are stored.
 """
 
 import atexit
@@ -52,6 +53,8 @@ if os.environ['JAX_PLATFORMS'] == 'cpu':  # the flags tune XLA's CPU compiler (t
   os.environ['XLA_FLAGS'] = ' '.join(fixtures.with_fast_compile(
       os.environ.get('XLA_FLAGS', '').split()))
 CACHE_MAX_BYTES = str(64 * 2**30)  # the lock's switch; the suite writes well under 1 GiB
+SUBPROCESS_MIN_COMPILE_SECONDS = '0.25'
+IN_PROCESS_MIN_COMPILE_SECONDS = 1.0
 
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get('PYTEST_XDIST_WORKER'):
   # This module is imported by the controlling pytest process before it starts the workers,
@@ -59,15 +62,29 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ and not os.environ.get('PYTEST_
   _cache_dir = tempfile.mkdtemp(prefix='bipe_jax_test_xla_cache_')
   atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
   os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache_dir
-  # Only compiles of a second or more are stored: with a size limit, every store globs the
-  # whole cache directory (jax._src.lru_cache's eviction check), so caching the thousands of
-  # small programs that eager tests compile made the suite slower the longer it ran; the
-  # compiles worth sharing (models, training steps: seconds each at level 0) still are.
-  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '1'
+  # Which compiles are stored. With a size limit, every store lists the whole cache directory and
+  # reads each entry's access-time file (jax._src.lru_cache's eviction check), so a store costs
+  # more the fuller the cache is. The subprocesses (CLI runs: `SUBPROCESS_MIN_COMPILE_SECONDS`,
+  # this variable, which they inherit) store compiles of a quarter second or more: their tiny
+  # models' init and training step compile in 0.3-0.6 s at level 0, the same ones again and
+  # again across the suite's runs. The pytest processes themselves store only compiles of a
+  # second or more (`pytest_configure`): their tests seldom compile a program twice, and storing
+  # their many shorter compiles slowed the in-process files by about as much as it saved.
+  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = SUBPROCESS_MIN_COMPILE_SECONDS
 os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', CACHE_MAX_BYTES)
 
 # pylint: disable=wrong-import-position,unused-import
 from tests.fixtures import dirs, trained_rope_run, trained_run  # noqa: E402,F401
+
+
+def pytest_configure(config):
+  """In a process that runs tests (a pytest-xdist worker, or pytest without workers): store
+  only compiles of IN_PROCESS_MIN_COMPILE_SECONDS or more in the shared cache (see above). The
+  controlling process of a pytest-xdist run imports no JAX."""
+  if os.environ.get('PYTEST_XDIST_WORKER') or not getattr(config.option, 'numprocesses', None):
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_persistent_cache_min_compile_time_secs',
+                      IN_PROCESS_MIN_COMPILE_SECONDS)
 
 TEST_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'test_seconds.json')
 

@@ -3,7 +3,8 @@ runs, in README order, in one temporary directory (the README's relative paths: 
 there, data_cache/, runs/, results files; scripts by absolute path, nothing written in the
 repository), each shrunk to a tiny size only by flags appended to the README's own text
 (`SHRINK`: the last value of a flag wins; training runs: 2 steps of batch 2, one layer of width
-64, the same flags for a run and the runs fine-tuned from it). A README edit that breaks a
+64, rows mixed in windows of 8, not 4,096, which would all be tokenised before the first step;
+the same flags for a run and the runs fine-tuned from it). A README edit that breaks a
 recipe (a flag renamed, a fine-tune that no longer fits its source, an output not written)
 fails here. About 110 s on the 2-core machine.
 
@@ -51,7 +52,8 @@ STEPS = 2  # each training run; the resume goes on to 2 * STEPS
 SMALL_MODEL = ('--config.model.num_layers=1', '--config.model.hidden_size=64',
                '--config.model.num_heads=4', '--config.model.ffn_size=128')
 TRAIN = (f'--config.train.steps={STEPS}', f'--config.checkpoint.every_steps={STEPS}',
-         '--config.train.batch_size=2', '--config.train.log_every=1', *SMALL_MODEL)
+         '--config.train.batch_size=2', '--config.train.log_every=1',
+         '--config.data.shuffle_window=8', *SMALL_MODEL)
 SHRINK = {  # script -> flags appended to the README's command
     'train/build_data.py': (),
     'train/main.py': TRAIN,

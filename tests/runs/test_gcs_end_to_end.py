@@ -132,7 +132,7 @@ def _train_args(workdir, *extra):
           f'--config.train.steps={STEPS}', '--config.train.schedule=constant',
           '--config.train.warmup_steps=2', '--config.train.log_every=1',
           f'--config.checkpoint.every_steps={EVERY}', '--config.checkpoint.async_save=false',
-          '--config.train.data_shards=2', *extra]
+          '--config.train.data_shards=2', '--config.data.shuffle_window=8', *extra]
 
 
 def _run(args, url, cwd, devices=1):
