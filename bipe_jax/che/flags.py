@@ -35,6 +35,10 @@ def define_common() -> None:
   flags.DEFINE_string('shard', '', "'I/N': run only every N-th (task, encoding) pair from the "
                       'I-th (0-based), writing cells only: N processes share a grid; a last run '
                       'without --shard writes the summary (bipe_jax/che/sweep.py).')
+  flags.DEFINE_string('queue_dir', '', 'Processes running the same grid with the same queue_dir '
+                      'share its (task, encoding) pairs: each takes the next unclaimed one '
+                      '(a directory per pair here), writing cells only; a last run without it '
+                      'writes the summary (eval/che_sweep_shards.sh does all this).')
 
   flags.DEFINE_bool('assemble_only', False, 'Write results.json, table.md and the PNGs from the '
                     'cells finished so far; train nothing.')
@@ -76,6 +80,7 @@ def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> in
   try:
     summary = sweep.run_grid(task_names, encodings, seeds, budget, plan, FLAGS.output_dir,
                              segmentation=FLAGS.segmentation, command=command, shard=shard,
+                             queue_dir=FLAGS.queue_dir or None,
                              train_missing=not FLAGS.assemble_only)
   except ValueError as e:
     cli.fail(str(e))
@@ -83,7 +88,8 @@ def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> in
         f'{budget.steps} steps, batch {budget.batch_size}, lr {budget.learning_rate}; '
         f'BiPE segments: {FLAGS.segmentation}):')
   print(summary['table'])
-  written = 'cells/ of this shard' if shard else 'results.json, table.md, TASK.png'
+  split = shard or FLAGS.queue_dir
+  written = 'cells/ of this process' if split else 'results.json, table.md, TASK.png'
   print(f'written to {FLAGS.output_dir}/ ({written}); '
         f'wall time {time.perf_counter() - start:.0f}s')
   return 0

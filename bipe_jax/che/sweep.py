@@ -10,11 +10,15 @@ differs from the run's is refused (one line naming the file), so one grid never 
 Order: seed-major (every task x encoding of seed 0 first), so an interrupted grid has whole
 columns to compare.
 
-Several processes (e.g. on one GPU): `shard=(i, n)` runs only the (task, encoding) pairs whose
-index in the grid is i mod n, every seed of a pair in a row (so the compiled programs of one
-pair are reused), and writes cells only; a last run without a shard, once every cell exists,
-writes results.json, table.md and the PNGs. `--assemble_only` writes them from the cells
-finished so far, training nothing.
+Several processes (e.g. on one GPU) split a grid by (task, encoding) pair, every seed of a pair
+in a row (so the compiled programs of one pair are reused), and write cells only:
+- `queue_dir=DIR`: each process takes the next pair that no process has claimed yet (a claim is
+  the directory DIR/TASK__ENCODING, made atomically); cells that differ tenfold in cost keep
+  every process busy. DIR must be shared by the processes (one machine, or one file system).
+- `shard=(i, n)`: a fixed split, the pairs whose index in the grid is i mod n.
+A last run without either, once every cell exists, writes results.json, table.md and the PNGs
+(and trains any cell still missing, e.g. of a process that died holding a claim).
+`--assemble_only` writes them from the cells finished so far, training nothing.
 """
 
 import dataclasses
@@ -40,6 +44,16 @@ def _check_same_setup(path: str, done: dict, budget, plan, segmentation: str) ->
   if got != want:
     raise ValueError(f'{path}: this finished cell has {got}, but the run asks for {want}; '
                      f'use another output_dir or the same settings.')
+
+
+def _claim(queue_dir: str, task: str, encoding: str) -> bool:
+  """True for the one process whose mkdir of the pair's claim succeeds."""
+  os.makedirs(queue_dir, exist_ok=True)
+  try:
+    os.mkdir(os.path.join(queue_dir, f'{task}__{encoding}'))
+  except FileExistsError:
+    return False
+  return True
 
 
 def table(cells: Sequence[dict], tasks: Sequence[str], encodings: Sequence[str]) -> str:
@@ -71,19 +85,24 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
              budget: training.Budget, plan: cell_lib.EvalPlan, output_dir: str, *,
              segmentation: str = 'task', command: str = '',
              say: Optional[Callable[[str], None]] = None,
-             shard: Optional[Tuple[int, int]] = None, train_missing: bool = True) -> dict:
-  """Runs the missing cells; returns the summary also written to results.json (with a shard:
-  only its cells' table, nothing written but the cells). `train_missing=False`: the summary of
-  the finished cells only (a grid still running elsewhere), nothing trained."""
+             shard: Optional[Tuple[int, int]] = None, queue_dir: Optional[str] = None,
+             train_missing: bool = True) -> dict:
+  """Runs the missing cells; returns the summary also written to results.json (with a shard or
+  a queue: only its cells' table, nothing written but the cells). `train_missing=False`: the
+  summary of the finished cells only (a grid still running elsewhere), nothing trained."""
   say = say or print
+  if shard is not None and queue_dir is not None:
+    raise ValueError('--shard and --queue_dir split a grid two ways; give one of them.')
+  split = shard is not None or queue_dir is not None
   cells, missing = [], 0
   total = len(tasks) * len(encodings) * len(seeds)
   order = [(seed, t, e) for seed in seeds for t in tasks for e in encodings]
-  if shard is not None:
-    i, n = shard
+  if split:
+    i, n = shard or (0, 1)
     pairs = [(t, e) for t in tasks for e in encodings][i::n]
     order = [(seed, t, e) for t, e in pairs for seed in seeds]
     total = len(order)
+  mine = {}  # (task, encoding) -> whether this process holds its claim (queue_dir only)
   for seed, t, e in order:
     path = cell_path(output_dir, t, e, seed)
     if os.path.exists(path):
@@ -95,6 +114,11 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
     if not train_missing:
       missing += 1
       continue
+    if queue_dir is not None:
+      if (t, e) not in mine:
+        mine[t, e] = _claim(queue_dir, t, e)
+      if not mine[t, e]:
+        continue  # another process trains this pair
     say(f'[{len(cells) + 1}/{total}] {t} {e} seed {seed}')
     start = time.perf_counter()
     result = cell_lib.run_cell(t, e, seed, budget, plan, segmentation=segmentation,
@@ -104,11 +128,11 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
     cells.append(result)
     say(f'  score {100 * result["score"]:.1f} (lengths 41..500), in-distribution '
         f'{100 * result["in_distribution"]:.1f} ({time.perf_counter() - start:.0f}s)')
-    if shard is None:
+    if not split:
       _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation, command)
   if missing:
     say(f'{missing} of {total} cells not finished yet (not trained: assembling only)')
-  if shard is not None:
+  if split:
     return dict(table=table(cells, tasks, encodings),
                 scored_lengths=cells[0]['scored_lengths'] if cells else '')
   return _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentation,

@@ -221,6 +221,50 @@ def test_shards_split_the_pairs_and_a_last_run_assembles(tmp_path, monkeypatch):
   assert che_flags.parse_shard('') is None and che_flags.parse_shard('1/4') == (1, 4)
 
 
+def test_a_queue_gives_each_pair_to_one_process_and_a_last_run_finishes_a_dead_claim(
+    tmp_path, monkeypatch):
+  """Processes sharing a queue_dir train every cell exactly once between them, each pair's seeds
+  in one process; a pair claimed by a process that died is left alone by the others, and the
+  assembling run (no queue) trains its cells."""
+  import threading  # pylint: disable=g-import-not-at-top
+  calls, lock = [], threading.Lock()
+  fake = _fake_cell(calls)
+
+  def slow_cell(*args, **kwargs):  # long enough for the workers to interleave
+    with lock:
+      result = fake(*args, **kwargs)
+    threading.Event().wait(0.01)
+    result['worker'] = threading.current_thread().name
+    return result
+
+  monkeypatch.setattr(cell, 'run_cell', slow_cell)
+  budget, plan = training.Budget(steps=3), cell.EvalPlan(lengths='1,41')
+  out, queue = str(tmp_path / 'grid'), str(tmp_path / 'queue')
+  grid = (['parity_check', 'reverse_string'], ['rope', 'alibi', 'nope'])
+  os.makedirs(os.path.join(queue, 'reverse_string__nope'))  # held by a process that died
+  workers = [threading.Thread(target=sweep.run_grid, name=f'w{i}',
+                              args=(*grid, [0, 1], budget, plan, out),
+                              kwargs=dict(say=lambda _: None, queue_dir=queue))
+             for i in range(3)]
+  for w in workers:
+    w.start()
+  for w in workers:
+    w.join()
+  assert not os.path.exists(os.path.join(out, 'results.json'))  # workers write cells only
+  want = sorted((t, e, s) for t in grid[0] for e in grid[1] for s in (0, 1))
+  assert sorted(calls) == [c for c in want if c[:2] != ('reverse_string', 'nope')]
+  by_pair = {}
+  for t, e, s in calls:
+    with open(sweep.cell_path(out, t, e, s)) as f:
+      by_pair.setdefault((t, e), set()).add(json.load(f)['worker'])
+  assert all(len(w) == 1 for w in by_pair.values())  # a pair's seeds ran in one process
+  assert sorted(os.listdir(queue)) == sorted(f'{t}__{e}' for t in grid[0] for e in grid[1])
+  summary = sweep.run_grid(*grid, [0, 1], budget, plan, out, say=lambda _: None)
+  assert sorted(calls) == want and len(summary['cells']) == 12
+  with pytest.raises(ValueError, match='--shard and --queue_dir'):
+    sweep.run_grid(*grid, [0], budget, plan, out, shard=(0, 2), queue_dir=queue)
+
+
 def test_cells_of_one_model_reuse_the_compiled_step_and_predictor():
   """Seeds of one (task, encoding) build equal modules: the jitted functions are shared, so the
   next seed compiles nothing (bipe_jax/che/training.py, scoring.py)."""
