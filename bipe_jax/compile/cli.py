@@ -17,7 +17,7 @@ from bipe_jax.compile import gpu_targets
 from bipe_jax.compile import report as report_lib
 from bipe_jax.compile import step_cost
 from bipe_jax.compile import topologies
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.compile.topologies import CompileError
 from bipe_jax import run_config
 
@@ -60,7 +60,7 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
     for step in report.steps:
       print(gpu_lowering.format_summary(step.name, step.lowered_summary), flush=True)
     if output:
-      workdir_io.write_json(output, report.to_json(), indent=1)
+      storage.write_json(output, report.to_json(), indent=1)
     print(f'not compiled: {lower_only}', file=sys.stderr, flush=True)
     return LOWERED_ONLY
   print(report_lib.format_report(report), flush=True)
@@ -77,7 +77,7 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
     print('no prediction: the step-time model reads XLA\'s TPU cost model, which GPU programs '
           'lack', flush=True)
   if output:
-    workdir_io.write_json(output, record, indent=1)
+    storage.write_json(output, record, indent=1)
   if not all(report.fits(step) for step in report.steps):
     print(f'error: {report_lib.fit_advice(report)}', file=sys.stderr, flush=True)
     return 1

@@ -27,7 +27,7 @@ from typing import Iterator
 from etils import epath
 
 from bipe_jax.data import documents
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 
 # Every `meta.pile_set_name` of the Pile (Gao et al. 2020, table 1); the uncopyrighted release
 # drops Books3, BookCorpus2, OpenSubtitles and YoutubeSubtitles.
@@ -92,7 +92,7 @@ def split_of_path(rel: str) -> str | None:
 
 def resolve(pile_dir: str) -> str:
   """`pile_dir` absolute (a bucket URL such as gs://... kept)."""
-  return workdir_io.absolute(pile_dir)
+  return storage.absolute(pile_dir)
 
 
 def list_files(pile_dir: str) -> list[tuple[str, int, int]]:
@@ -103,9 +103,9 @@ def list_files(pile_dir: str) -> list[tuple[str, int, int]]:
   root = resolve(pile_dir)
   if not epath.Path(root).is_dir():
     raise ValueError(f'data.pile_dir={pile_dir!r} is not a directory')
-  # workdir_io's walk (hidden entries skipped), not epath's: on gs:// that yields folders
+  # storage's walk (hidden entries skipped), not epath's: on gs:// that yields folders
   # without their gs:// prefix.
-  return [(rel, int(size), int(mtime)) for rel, size, mtime in workdir_io.walk_files(root)]
+  return [(rel, int(size), int(mtime)) for rel, size, mtime in storage.walk_files(root)]
 
 
 def split_files(pile_dir: str, splits) -> dict:

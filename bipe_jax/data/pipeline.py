@@ -21,7 +21,7 @@ import threading
 import grain
 import numpy as np
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.data import generated
 from bipe_jax.data import packing
 from bipe_jax.data import preparation as prepare_lib
@@ -100,7 +100,7 @@ def eval_stream(data_config, split: str = 'validation') -> np.ndarray:
   """int32 [n]: the split's documents in stored order, each BOS + ids, concatenated (cached)."""
   vdir = tfds_builders.version_dir(data_config)
   tok = prepare_lib.get_tokenizer(data_config)
-  key = (vdir, tok.path, workdir_io.mtime(tok.path), split)
+  key = (vdir, tok.path, storage.mtime(tok.path), split)
   with _STREAMS_LOCK:
     if key not in _STREAMS:
       source, feature = tfds_builders.open_split(data_config, split)

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.data import generated
 from bipe_jax.data import pile
 from bipe_jax.data import tfds_builders
@@ -29,7 +29,7 @@ def default_tokenizer_path(data_config) -> str:
 
 def tokenizer_path(data_config) -> str:
   if data_config.tokenizer_path:
-    return workdir_io.absolute(data_config.tokenizer_path)
+    return storage.absolute(data_config.tokenizer_path)
   return default_tokenizer_path(data_config)
 
 
@@ -56,7 +56,7 @@ def default_separator_rule(data_config) -> str:
   if data_config.dataset == 'text_folder' and data_config.text_dir:
     from bipe_jax.data import text_folder  # pylint: disable=g-import-not-at-top
     exts = {os.path.splitext(rel)[1].lower()
-            for rel, _, _ in workdir_io.walk_files(workdir_io.absolute(data_config.text_dir))}
+            for rel, _, _ in storage.walk_files(storage.absolute(data_config.text_dir))}
     exts.discard('')
     if exts and exts <= set(text_folder.CODE_EXTENSIONS):
       return 'newline'
@@ -69,7 +69,7 @@ def get_tokenizer(data_config):
   if task is not None:
     return task.get_tokenizer(data_config)
   path = tokenizer_path(data_config)
-  if not workdir_io.isfile(path):
+  if not storage.isfile(path):
     if data_config.tokenizer_path:
       raise ValueError(f'data.tokenizer_path={data_config.tokenizer_path!r} does not exist')
     raise ValueError(f'no tokenizer at {path}: call bipe_jax.data.prepare(config.data) or run '
@@ -127,7 +127,7 @@ def preparation_lock(data_config):
   threads, each opening the file itself). Not locked: a remote data_dir (`gs://...`) and a
   read-only one (a shared, already prepared catalog dataset), where nothing is built.
   """
-  if not workdir_io.is_local(data_config.data_dir):
+  if not storage.is_local(data_config.data_dir):
     yield
     return
   data_dir = os.path.abspath(os.path.expanduser(data_config.data_dir))
@@ -160,12 +160,12 @@ def _prepare_locked(data_config, start: float, force: bool, max_tokenizer_charac
   path = tokenizer_path(data_config)
   trained = False
   if data_config.tokenizer_path:
-    if not workdir_io.isfile(path):
+    if not storage.isfile(path):
       raise ValueError(f'data.tokenizer_path={data_config.tokenizer_path!r} does not exist '
                        '(leave it empty to train a tokenizer beside the data)')
   elif evaluation_only(data_config):
     path = ''  # nothing to train a tokenizer on
-  elif force or built or not workdir_io.isfile(path):
+  elif force or built or not storage.isfile(path):
     t = time.perf_counter()
     tokenizer_lib.train_tokenizer(
         iter_split_texts(data_config, 'train'), path,

@@ -13,7 +13,7 @@ import hashlib
 import os
 from typing import Iterator
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.data import documents
 
 TEXT_EXTENSIONS = ('.txt', '.md', '.rst', '')
@@ -43,16 +43,16 @@ def list_files(text_dir: str) -> list[str]:
 
 
 def _files(text_dir: str) -> list[tuple[str, int, float]]:
-  """(relative path, size, mtime) of every file under `text_dir` (workdir_io.walk_files)."""
-  if not workdir_io.isdir(text_dir):
+  """(relative path, size, mtime) of every file under `text_dir` (storage.walk_files)."""
+  if not storage.isdir(text_dir):
     raise ValueError(f'data.text_dir={text_dir!r} is not a directory')
-  return workdir_io.walk_files(text_dir)
+  return storage.walk_files(text_dir)
 
 
 def fingerprint(text_dir: str, text_field: str, validation_fraction: float) -> str:
   """A short hash of the folder's files (path, size, mtime) and the build options."""
   h = hashlib.sha1()
-  h.update(f'{workdir_io.absolute(text_dir)}|{text_field}|{validation_fraction}'.encode())
+  h.update(f'{storage.absolute(text_dir)}|{text_field}|{validation_fraction}'.encode())
   for rel, size, mtime in _files(text_dir):
     h.update(f'|{rel}|{size}|{round(mtime * 1e9)}'.encode())
   return h.hexdigest()[:12]
@@ -66,7 +66,7 @@ def iter_documents(text_dir: str, text_field: str,
     if kind is None:
       report.ignored_files += 1
       continue
-    data = workdir_io.read_bytes(workdir_io.join(text_dir, rel))
+    data = storage.read_bytes(storage.join(text_dir, rel))
     doc_id = rel
     if kind != 'jsonl':
       text, replaced = documents.decode_bytes(data)

@@ -26,7 +26,7 @@ import os
 from etils import epath
 import tensorflow_datasets as tfds
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.data import documents
 from bipe_jax.data import embedded_corpus
 from bipe_jax.data import pile
@@ -100,7 +100,7 @@ class BipeTextFolder(_DocumentBuilderMixin, tfds.core.GeneratorBasedBuilder):
 
   def _info(self):
     return tfds.core.DatasetInfo(builder=self, features=_features(),
-                                 description=f'Text folder {workdir_io.absolute(self._text_dir)}')
+                                 description=f'Text folder {storage.absolute(self._text_dir)}')
 
   def _documents(self, report):
     return text_folder.iter_documents(self._text_dir, self._text_field, report)
@@ -162,7 +162,7 @@ def check_dataset_name(dataset: str) -> None:
 def dataset_root(data_config) -> str:
   """The folder above the dataset's version folder: its tokenizers and build report live here."""
   check_dataset_name(data_config.dataset)
-  data_dir = workdir_io.absolute(data_config.data_dir)
+  data_dir = storage.absolute(data_config.data_dir)
   if data_config.dataset == 'embedded':
     return os.path.join(data_dir, 'bipe_embedded', _config_name(data_config))
   if data_config.dataset == 'text_folder':
@@ -175,7 +175,7 @@ def dataset_root(data_config) -> str:
 def _prepared_version_dir(root: str) -> str | None:
   """The highest version folder under `root` holding a dataset_info.json, or None."""
   found = []
-  for info in (workdir_io.glob(root, '*/dataset_info.json') if workdir_io.isdir(root) else []):
+  for info in (storage.glob(root, '*/dataset_info.json') if storage.isdir(root) else []):
     version = os.path.basename(os.path.dirname(info))
     try:
       found.append((tuple(int(p) for p in version.split('.')), os.path.dirname(info)))
@@ -204,7 +204,7 @@ def version_dir(data_config) -> str:
                      f'{data_config.data_dir!r} (expected {root}/{VERSION}): call '
                      'bipe_jax.data.prepare(config.data) or run `python train/build_data.py '
                      f'--dataset={data_config.dataset} --data_dir={data_config.data_dir}`')
-  if not workdir_io.glob(found, '*.array_record-*'):
+  if not storage.glob(found, '*.array_record-*'):
     hint = (_prepare_hint(data_config) if data_config.dataset in CATALOG
             else 'delete the folder and build it again')
     raise ValueError(f'dataset {data_config.dataset!r} in {found} has no array_record files '
@@ -225,23 +225,23 @@ def build(data_config, *, force: bool = False) -> str:
   existing = _prepared_version_dir(root)
   if existing and not force:
     return existing
-  data_dir = workdir_io.absolute(data_config.data_dir)
+  data_dir = storage.absolute(data_config.data_dir)
   if existing and force:
-    workdir_io.rmtree(existing)
+    storage.rmtree(existing)
   # array_record writes local files only: a gs:// data_dir is built in a local folder, then
   # copied (dataset_info.json last: what marks a version folder as complete)
-  with workdir_io.local_staging(data_dir) as build_dir:
+  with storage.local_staging(data_dir) as build_dir:
     builder, printed = _build_in(data_config, build_dir, os.path.basename(root))
     built = str(builder.data_dir)
     if build_dir != data_dir:
-      target = workdir_io.join(data_dir, os.path.relpath(built, build_dir))
-      workdir_io.copy_tree(built, target, last=('dataset_info.json',))
+      target = storage.join(data_dir, os.path.relpath(built, build_dir))
+      storage.copy_tree(built, target, last=('dataset_info.json',))
       built = target
   for line in printed.splitlines():
     logging.info('tfds: %s', line)
   report = builder.report.as_dict()
   report['dataset'] = data_config.dataset
-  workdir_io.write_text_atomic(os.path.join(root, REPORT_FILE), json.dumps(report, indent=2))
+  storage.write_text_atomic(os.path.join(root, REPORT_FILE), json.dumps(report, indent=2))
   # The embedded corpus's report is known (a few empty __init__.py files): the log file only.
   note = logging.info if data_config.dataset == 'embedded' else logging.warning
   for line in builder.report.warnings():
@@ -276,7 +276,7 @@ def _build_in(data_config, data_dir: str, config_name: str):
 
 def read_report(data_config) -> dict:
   """The build report of a built embedded / text-folder dataset ({} for catalog datasets)."""
-  return workdir_io.read_json(
+  return storage.read_json(
       os.path.join(os.path.dirname(version_dir(data_config)), REPORT_FILE)) or {}
 
 

@@ -41,7 +41,7 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)
 SEPARATOR_RULES = ('auto', 'sentence', 'newline', 'official')
@@ -240,5 +240,5 @@ def train_tokenizer(texts: Iterable[str], path: str, *, model_type: str = 'bpe',
   except RuntimeError as e:
     raise ValueError(f'SentencePiece could not train a {model_type} tokenizer with vocab_size='
                      f'{vocab_size} on {len(chunks)} chunks of text: {e}') from e
-  workdir_io.write_bytes_atomic(path, model.getvalue())  # a local file or gs://...
+  storage.write_bytes_atomic(path, model.getvalue())  # a local file or gs://...
   return Tokenizer(path)

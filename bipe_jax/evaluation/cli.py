@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.evaluation import dataset_fit
 from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.runs import restore as runs_lib
@@ -184,7 +184,7 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
     doc = sweep.results_document(entries, protocol='arithmetic-greedy', stride=None,
                                  max_tokens=None, command=command)
     doc['per_length'] = per_length
-    workdir_io.write_json(output, doc)
+    storage.write_json(output, doc)
     print(f'wrote {output}')
   return 0
 
@@ -227,7 +227,7 @@ def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16,
         f'depth ({trials} trials per cell)')
   print(passkey.format_table(results), flush=True)
   if output:
-    workdir_io.write_json(output, {'command': command, 'trials': trials, 'seed': seed,
+    storage.write_json(output, {'command': command, 'trials': trials, 'seed': seed,
                                    'runs': entries})
     print(f'wrote {output}')
   if plot_path:
@@ -266,7 +266,7 @@ def scrolls_main(*, workdir, split='validation', max_examples=0, max_new_tokens=
         f'{result["score"]:.2f} over {result["count"]} ids '
         f'({time.perf_counter() - start:.0f} s)', flush=True)
   if output:
-    workdir_io.write_json(output, {'command': command, 'workdir': workdir, 'step': run.step,
+    storage.write_json(output, {'command': command, 'workdir': workdir, 'step': run.step,
                                    'subset': subset, 'split': split, **result,
                                    'answers': answers})
     print(f'wrote {output}')

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.tasks import passkey as passkey_task
 
 FILLER_TEXT = ('The grass is green.', 'The sky is blue.', 'The sun is yellow.', 'Here we go.',
@@ -162,6 +162,6 @@ def plot_heatmaps(results: dict[str, Sequence[Cell]], path: str) -> str:
           ax.text(j, i, f'{grid[i, j]:.2f}', ha='center', va='center', fontsize=8,
                   color='white' if grid[i, j] < 0.6 else 'black')
   fig.colorbar(image, ax=axes[0].tolist(), label='exact-match accuracy')
-  workdir_io.save_figure(fig, path, dpi=110, bbox_inches='tight')
+  storage.save_figure(fig, path, dpi=110, bbox_inches='tight')
   plt.close(fig)
   return path

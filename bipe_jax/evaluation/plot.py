@@ -7,7 +7,7 @@ from typing import Sequence
 
 import matplotlib
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 
 matplotlib.use('Agg')  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -66,6 +66,6 @@ def plot_perplexity(runs: dict[str, tuple[Sequence[int], Sequence[float]]], path
   ax.grid(True, which='both', alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  workdir_io.save_figure(fig, path)
+  storage.save_figure(fig, path)
   plt.close(fig)
   return path

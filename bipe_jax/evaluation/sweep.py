@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.evaluation import protocols as protocols_lib
 from bipe_jax.runs import restore as runs_lib
@@ -129,13 +129,13 @@ def results_document(entries: Sequence[dict], *, protocol: str, stride: int | No
 
 
 def run_entry(label: str, run: runs_lib.Run, results: Sequence[ppl.LengthResult]) -> dict:
-  return {'label': label, 'workdir': workdir_io.absolute(run.workdir), 'encoding': run.encoding,
+  return {'label': label, 'workdir': storage.absolute(run.workdir), 'encoding': run.encoding,
           'step': run.step, 'train_length': run.train_length,
           'results': [r.to_dict() for r in results]}
 
 
 def write_json(document: dict, path: str) -> str:
-  return workdir_io.write_json(path, document)
+  return storage.write_json(path, document)
 
 
 def plot_document(document: dict, path: str) -> str:

@@ -45,7 +45,7 @@ from bipe_jax import config as model_config_lib
 from bipe_jax import defaults
 from bipe_jax import schemes
 from bipe_jax.interop import destination
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.interop import hf_files
 from bipe_jax.interop import hf_llama
 
@@ -209,15 +209,15 @@ def workdir_to_hf(workdir: str, hf_dir: str, *, step: Optional[int] = None,
   destination.clear_destination(hf_dir)
   hf_files.write_hf_folder(hf_dir, hf, hf_llama.hf_weights_from_params(params, fields))
   tokenizer = run.config.data.get('tokenizer_path', '')  # the run's own copy (load_run)
-  if tokenizer and workdir_io.isfile(tokenizer):
-    workdir_io.copy_file(tokenizer, os.path.join(hf_dir, 'tokenizer.model'))
+  if tokenizer and storage.isfile(tokenizer):
+    storage.copy_file(tokenizer, os.path.join(hf_dir, 'tokenizer.model'))
   return hf_dir
 
 
 def detect_direction(src: str) -> str:
   """'hf_to_bipe' or 'bipe_to_hf' from what `src` holds; ValueError if neither."""
   path = os.path.join(src, 'config.json')
-  config = workdir_io.read_json(path)  # a local folder or gs://...
+  config = storage.read_json(path)  # a local folder or gs://...
   if config is None:
     raise ValueError(f'--from {src!r} has no config.json: give a Hugging Face model folder or a '
                      'bipe_jax workdir')
@@ -266,7 +266,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            'must be new or empty, so no run or model folder is modified)')
   args = parser.parse_args(argv)
   try:
-    if workdir_io.isfile(args.dst):
+    if storage.isfile(args.dst):
       raise ValueError(f'--to {args.dst!r} is a file, not a directory')
     destination.check_destination(args.dst, args.src, overwrite=args.overwrite)
     direction = detect_direction(args.src)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 
 
 def check_destination(dst: str, src: str, *, overwrite: bool = False) -> None:
@@ -20,15 +20,15 @@ def check_destination(dst: str, src: str, *, overwrite: bool = False) -> None:
   Accepted: a path that does not exist, an empty directory, or (with `overwrite`) any
   directory that is neither the source nor one of its parents.
   """
-  if workdir_io.exists(dst) and not workdir_io.isdir(dst):
+  if storage.exists(dst) and not storage.isdir(dst):
     raise ValueError(f'--to {dst!r} is a file, not a directory')
-  real_dst, real_src = (p if not workdir_io.is_local(p) else os.path.realpath(p)
+  real_dst, real_src = (p if not storage.is_local(p) else os.path.realpath(p)
                         for p in (dst, src))
   if real_dst == real_src or real_src.startswith(real_dst.rstrip(os.sep) + os.sep):
     raise ValueError(f'--to {dst!r} is the source {src!r} (or holds it): convert into a new '
                      'directory')
-  if workdir_io.isdir(dst) and workdir_io.listdir(dst) and not overwrite:
-    names = sorted(workdir_io.listdir(dst))
+  if storage.isdir(dst) and storage.listdir(dst) and not overwrite:
+    names = sorted(storage.listdir(dst))
     held = ', '.join(names[:4]) + (' ...' if len(names) > 4 else '')
     raise ValueError(f'--to {dst!r} already exists and is not empty (it holds {held}): give a '
                      'new or empty directory, or --overwrite to replace its contents')
@@ -36,8 +36,8 @@ def check_destination(dst: str, src: str, *, overwrite: bool = False) -> None:
 
 def clear_destination(dst: str) -> None:
   """Removes everything inside `dst` (kept as an empty directory); creates it if missing. A
-  local folder or gs://... alike (bipe_jax.runs.workdir_io)."""
-  if workdir_io.isdir(dst):
-    for name in workdir_io.listdir(dst):
-      workdir_io.remove(workdir_io.join(dst, name))
-  workdir_io.makedirs(dst)
+  local folder or gs://... alike (bipe_jax.storage)."""
+  if storage.isdir(dst):
+    for name in storage.listdir(dst):
+      storage.remove(storage.join(dst, name))
+  storage.makedirs(dst)

@@ -94,17 +94,17 @@ MODELING_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'hf_m
 def write_hf_folder(folder: str, hf_config: dict, weights: Dict[str, np.ndarray]) -> None:
   """Writes `config.json`, one `model.safetensors` (tensors made contiguous) and the PyTorch
   modeling file that config.json's `auto_map` names, if it names one, into `folder` (a local
-  folder or gs://..., through bipe_jax.runs.workdir_io)."""
+  folder or gs://..., through bipe_jax.storage)."""
   from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-  from bipe_jax.runs import workdir_io  # pylint: disable=g-import-not-at-top
+  from bipe_jax import storage  # pylint: disable=g-import-not-at-top
   modules = {v.split('.')[0] for v in (hf_config.get('auto_map') or {}).values()}
   for module in modules:
     if module != 'modeling_bipe':
       raise ValueError(f'config.json auto_map names {module}.py; bipe_jax ships modeling_bipe.py')
     with open(MODELING_SOURCE, encoding='utf-8') as f:
-      workdir_io.write_text_atomic(os.path.join(folder, module + '.py'), f.read())
-  workdir_io.write_text_atomic(os.path.join(folder, CONFIG_NAME),
+      storage.write_text_atomic(os.path.join(folder, module + '.py'), f.read())
+  storage.write_text_atomic(os.path.join(folder, CONFIG_NAME),
                                json.dumps(hf_config, indent=2, sort_keys=True))
   tensors = {k: np.ascontiguousarray(v) for k, v in weights.items()}
-  workdir_io.write_bytes_atomic(os.path.join(folder, SAFETENSORS_NAME),
+  storage.write_bytes_atomic(os.path.join(folder, SAFETENSORS_NAME),
                                 save(tensors, metadata={'format': 'pt'}))

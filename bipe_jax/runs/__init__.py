@@ -1,4 +1,4 @@
-"""A run's workdir: its files (workdir_io, local or gs://), config.json and the resume check
+"""A run's workdir: config.json and the resume check
 (run_record), the single-writer lock (workdir_lock), the tokenizer it pins (tokenizer), its log
 file (run_logging), its segment statistics (position_stats), and a trained run restored from it
 (restore: evaluation, generation, init_from, convert).

@@ -24,7 +24,7 @@ from bipe_jax import config as model_config_lib
 from bipe_jax import platform_choices
 from bipe_jax import restore_messages
 from bipe_jax.runs import tokenizer as run_tokenizer
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax import model as model_lib
 from bipe_jax.state import checkpointing
 from bipe_jax.state import mesh as mesh_lib
@@ -71,14 +71,14 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a training run saved in `workdir`; RunError naming what is missing."""
   if not workdir:
     raise RunError('--workdir is empty: give the directory of a training run')
-  if not workdir_io.isdir(workdir):
+  if not storage.isdir(workdir):
     raise RunError(f'workdir {workdir!r} does not exist (train first: python train/main.py '
                    f'--config=configs/tiny.py --workdir={workdir})')
-  if not workdir_io.listdir(workdir):
+  if not storage.listdir(workdir):
     raise RunError(f'workdir {workdir!r} is empty: no saved config and no checkpoint (train '
                    f'first: python train/main.py --config=configs/tiny.py --workdir={workdir})')
   for name in CONFIG_FILES:
-    saved = workdir_io.read_json(os.path.join(workdir, name))
+    saved = storage.read_json(os.path.join(workdir, name))
     if saved is not None:
       return ml_collections.ConfigDict(saved)
   raise RunError(f'workdir {workdir!r} has no saved config ({" or ".join(CONFIG_FILES)}): is it '
@@ -89,7 +89,7 @@ def parse_source(spec: str) -> tuple[str, int | None]:
   """'DIR' -> (DIR, None); 'DIR@123' -> (DIR, 123)."""
   match = re.fullmatch(r'(.+)@(\d+)', spec)
   path, step = (match.group(1), int(match.group(2))) if match else (spec, None)
-  return workdir_io.absolute(path), step
+  return storage.absolute(path), step
 
 
 def checkpoint_dir(workdir: str, config) -> str:

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 
 _FORMAT = '%(asctime)s %(levelname)s %(name)s: %(message)s'
 # Library warnings that say nothing to a person watching the run: the file only.
@@ -40,11 +40,11 @@ class _FileHandlerMadeOnFirstLine(logging.FileHandler):
 
 class _ObjectLogHandler(logging.StreamHandler):
   """The log file of a workdir on an object store (gs://...), through etils.epath: appended in
-  parts (`workdir_io.ChunkedAppender`), the last part written at most every
+  parts (`storage.ChunkedAppender`), the last part written at most every
   `FLUSH_INTERVAL_S` seconds, at each warning or error, and when the handler closes."""
 
   def __init__(self, path: str):
-    super().__init__(workdir_io.ChunkedAppender(path, min_interval_s=FLUSH_INTERVAL_S))
+    super().__init__(storage.ChunkedAppender(path, min_interval_s=FLUSH_INTERVAL_S))
 
   def emit(self, record):
     super().emit(record)
@@ -92,7 +92,7 @@ def send_library_logs_to(path: str, *, level: int = logging.INFO) -> logging.Han
   except ImportError:  # absl is a dependency of JAX, but the function does not need it
     pass
   root.setLevel(min(root.level or level, level))
-  if not workdir_io.is_local(path):  # a bucket
+  if not storage.is_local(path):  # a bucket
     file_handler = _ObjectLogHandler(path)
   else:
     file_handler = _FileHandlerMadeOnFirstLine(path, encoding='utf-8', delay=True)

@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 
 CONFIG_FILE = 'config.json'
 COMPARED_SECTIONS = ('model', 'data')
@@ -47,8 +47,8 @@ def _plain(value: Any) -> Any:
   return json.loads(json.dumps(value, default=str))
 
 
-read_json = workdir_io.read_json  # local or gs:// (etils.epath), see bipe_jax/runs/workdir_io.py
-write_text_atomic = workdir_io.write_text_atomic
+read_json = storage.read_json  # local or gs:// (etils.epath), see bipe_jax/runs/storage.py
+write_text_atomic = storage.write_text_atomic
 
 
 def read_saved_config(workdir: str) -> dict | None:
@@ -68,7 +68,7 @@ def absolute_path(value: str) -> str:
     return value
   match = re.fullmatch(r'(.+)(@\d+)', value)
   path, step = (match.group(1), match.group(2)) if match else (value, '')
-  return workdir_io.absolute(path) + step
+  return storage.absolute(path) + step
 
 
 def _with_absolute_paths(section: str, fields: dict) -> dict:

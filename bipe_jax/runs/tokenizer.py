@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 
 RUN_TOKENIZER_FILE = 'tokenizer.model'
 
@@ -24,7 +24,7 @@ class TokenizerMismatchError(ValueError):
   """A tokenizer other than the one the run was trained with; the message names both files."""
 
 
-sha256_of = workdir_io.sha256_of  # local or gs:// (etils.epath)
+sha256_of = storage.sha256_of  # local or gs:// (etils.epath)
 
 
 def _has_file_tokenizer(data_config) -> bool:
@@ -44,22 +44,22 @@ def pin_for_training(data_config, workdir: str) -> dict[str, str]:
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
   if not _has_file_tokenizer(data_config):
     return {}
-  pinned = workdir_io.absolute(os.path.join(workdir, RUN_TOKENIZER_FILE))
+  pinned = storage.absolute(os.path.join(workdir, RUN_TOKENIZER_FILE))
   from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
   task = generated.lookup(data_config.dataset)
   if task is not None:  # a task reading a tokenizer file: its own check (clear errors)
     task.get_tokenizer(data_config)
   source = preparation.tokenizer_path(data_config)
-  if workdir_io.isfile(pinned):
+  if storage.isfile(pinned):
     explicit = data_config.tokenizer_path
-    if (explicit and workdir_io.absolute(source) != pinned and workdir_io.isfile(source)
+    if (explicit and storage.absolute(source) != pinned and storage.isfile(source)
         and sha256_of(source) != sha256_of(pinned)):
       raise TokenizerMismatchError(
           f'data.tokenizer_path={explicit!r} is not the tokenizer this run was trained with '
           f'({pinned}, sha256 {sha256_of(pinned)[:12]}…): resume without it, or use a new '
           f'workdir')
   else:
-    workdir_io.copy_file(source, pinned)  # processes sharing the workdir copy the same bytes
+    storage.copy_file(source, pinned)  # processes sharing the workdir copy the same bytes
   return {'tokenizer_path': pinned, 'tokenizer_sha256': sha256_of(pinned)}
 
 
@@ -73,12 +73,12 @@ def tokenizer_for_run(workdir: str, data_config) -> str | None:
     return None
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
   pinned = os.path.join(workdir, RUN_TOKENIZER_FILE)
-  path = pinned if workdir_io.isfile(pinned) else preparation.tokenizer_path(data_config)
+  path = pinned if storage.isfile(pinned) else preparation.tokenizer_path(data_config)
   recorded = data_config.get('tokenizer_sha256', '')
-  if recorded and workdir_io.isfile(path) and sha256_of(path) != recorded:
+  if recorded and storage.isfile(path) and sha256_of(path) != recorded:
     raise TokenizerMismatchError(
         f'{path} is not the tokenizer run {workdir!r} was trained with: its sha256 is '
         f'{sha256_of(path)[:12]}…, the run recorded {recorded[:12]}… in config.json (was the '
         f'file replaced?)')
-  return workdir_io.absolute(path)
+  return storage.absolute(path)
 

@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 
 LOCK_FILE = '.train.lock'
 
@@ -45,7 +45,7 @@ def hold(workdir: str, *, enabled: bool = True):
   if not enabled:
     yield
     return
-  if not workdir_io.is_local(workdir):
+  if not storage.is_local(workdir):
     print(f'{workdir}: not a local folder, so the one-training-per-workdir lock is skipped '
           '(start one training per workdir)', file=sys.stderr)
     yield

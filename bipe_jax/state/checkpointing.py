@@ -38,7 +38,7 @@ from absl import logging
 from etils import epath
 
 from bipe_jax import restore_messages
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from jax.experimental import multihost_utils
 
 
@@ -138,13 +138,13 @@ def _shape_table(tree) -> dict:
 def step_dirs(directory: str) -> dict[int, str]:
   """{step: folder} of the complete checkpoints in `directory` (Orbax step folders named by
   their number), without opening a CheckpointManager; {} when there is none."""
-  if not workdir_io.isdir(directory):
+  if not storage.isdir(directory):
     return {}
   steps = {}
-  for name in workdir_io.listdir(directory):
+  for name in storage.listdir(directory):
     tail = name.split('_')[-1]
     if (tail.isdigit() and '.orbax' not in name
-        and workdir_io.isdir(os.path.join(directory, name))):
+        and storage.isdir(os.path.join(directory, name))):
       steps[int(tail)] = os.path.join(directory, name)
   return steps
 
@@ -158,7 +158,7 @@ def item_metadata(step_dir: str, item: str):
 def saved_param_shapes(step_dir: str) -> dict:
   """The parameters saved in a step folder (a training run's `state`, or the `params` of a
   converted model) as a tree of jax.ShapeDtypeStruct, from Orbax's metadata: no array read."""
-  items = set(workdir_io.listdir(step_dir))
+  items = set(storage.listdir(step_dir))
   tree = (item_metadata(step_dir, 'state')['params'] if 'state' in items
           else item_metadata(step_dir, 'params'))
   return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), tree)
@@ -171,7 +171,7 @@ def params_only_step(directory: str) -> Optional[int]:
   if not steps:
     return None
   newest = max(steps)
-  items = set(workdir_io.listdir(steps[newest]))
+  items = set(storage.listdir(steps[newest]))
   return newest if 'params' in items and 'state' not in items else None
 
 
@@ -182,7 +182,7 @@ class Checkpointer:
                async_save: bool = True, read_only: bool = False):
     """read_only: for readers (evaluation) of a workdir a training run may still write to:
     no saves, and unfinished temporary directories are left alone."""
-    self.directory = epath.Path(workdir_io.absolute(directory))  # gs:// kept as it is
+    self.directory = epath.Path(storage.absolute(directory))  # gs:// kept as it is
     self.read_only = read_only
     self._options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, save_interval_steps=every_steps,
@@ -325,8 +325,8 @@ class Checkpointer:
       dst.mkdir(parents=True, exist_ok=True)
       target = dst / src.name
       if target.exists():
-        workdir_io.rmtree(target)
-      workdir_io.move(src, target)
+        storage.rmtree(target)
+      storage.move(src, target)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f'bipe_jax_quarantine_{step}')
     self._manager.close()

@@ -8,7 +8,7 @@ config, unusable checkpoint, or a workdir another process is training in, 130 st
 import logging
 import sys
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.cli import EXIT_INTERRUPTED
 from bipe_jax.state import checkpointing
 from bipe_jax import run_config
@@ -36,10 +36,10 @@ def run(config, workdir: str, *, coordinator_address: str = '', num_processes: i
   if library_log:
     import jax  # pylint: disable=g-import-not-at-top
     from bipe_jax.runs import run_logging  # pylint: disable=g-import-not-at-top
-    from bipe_jax.runs import workdir_io  # pylint: disable=g-import-not-at-top
+    from bipe_jax import storage  # pylint: disable=g-import-not-at-top
     name = library_log_name(jax.process_index() if started else 0)
     handler = run_logging.send_library_logs_to(
-        workdir_io.join(workdir_io.absolute(workdir), name))
+        storage.join(storage.absolute(workdir), name))
   try:
     return _train(config, workdir)
   finally:  # written now: at interpreter exit a bucket's client may already be gone
@@ -58,7 +58,7 @@ def _train(config, workdir: str) -> int:
   except checkpointing.CheckpointsUnusableError as e:
     print(f'checkpoint error: {e}', file=sys.stderr, flush=True)
     return 2
-  except (workdir_lock.WorkdirInUseError, workdir_io.DamagedFileError) as e:
+  except (workdir_lock.WorkdirInUseError, storage.DamagedFileError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   except trainer.NonFiniteLossError as e:

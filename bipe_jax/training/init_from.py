@@ -35,7 +35,7 @@ import numpy as np
 from bipe_jax import model as model_lib
 from bipe_jax import schemes
 from bipe_jax.runs import restore as runs
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.state import checkpointing
 
 
@@ -46,10 +46,10 @@ class InitFromError(ValueError):
 def is_workdir(path: str) -> bool:
   """Whether `path` is a bipe_jax workdir (config.json and its checkpoint folder), not a
   Hugging Face folder."""
-  if not workdir_io.isfile(os.path.join(path, 'config.json')):
+  if not storage.isfile(os.path.join(path, 'config.json')):
     return False
   try:
-    return workdir_io.isdir(runs.checkpoint_dir(path, runs.read_config(path)))
+    return storage.isdir(runs.checkpoint_dir(path, runs.read_config(path)))
   except Exception:  # pylint: disable=broad-except  (an HF config.json is not ours)
     return False
 
@@ -61,7 +61,7 @@ def load_source_params(spec: str, *, separator_ids: Sequence[int] = ()) -> tuple
   not depend on them); the new run's resolved ids.
   """
   path, step = runs.parse_source(spec)
-  if not workdir_io.isdir(path):
+  if not storage.isdir(path):
     raise InitFromError(f'train.init_from={spec!r}: {path} is not a directory')
   if is_workdir(path):
     try:
@@ -128,7 +128,7 @@ def source_config(path: str, spec: str):
     config = runs.read_config(path)
     return config.model, config.data
   try:
-    hf = workdir_io.read_json(os.path.join(path, 'config.json'))
+    hf = storage.read_json(os.path.join(path, 'config.json'))
   except (OSError, ValueError):
     hf = None
   if not isinstance(hf, dict) or 'hidden_size' not in hf:
@@ -153,8 +153,8 @@ def check_source(config) -> None:
   if not spec:
     return
   path, step = runs.parse_source(spec)
-  if not workdir_io.isdir(path):  # a local folder or gs://...
-    what = 'is a file' if workdir_io.exists(path) else 'does not exist'
+  if not storage.isdir(path):  # a local folder or gs://...
+    what = 'is a file' if storage.exists(path) else 'does not exist'
     raise InitFromError(f'train.init_from={spec!r}: {path} {what} (give a training workdir, '
                         f'WORKDIR@STEP, or a Hugging Face folder)')
   source_model, source_data = source_config(path, spec)

@@ -22,7 +22,7 @@ import sys
 import time
 
 
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.training import flops as flops_lib
 
 
@@ -62,13 +62,13 @@ class ProgressLogger:
     self._writer = None
     self._jsonl = None
     if enabled:
-      workdir_io.makedirs(workdir)
+      storage.makedirs(workdir)
       SummaryWriter = _summary_writer_class()  # pylint: disable=invalid-name
-      if not workdir_io.is_local(workdir):  # events through etils.epath, like every run file
+      if not storage.is_local(workdir):  # events through etils.epath, like every run file
         _register_epath_event_writer(workdir.split(':')[0])
       self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
       self._jsonl_path = os.path.join(workdir, 'metrics.jsonl')
-      self._jsonl = workdir_io.open_append(self._jsonl_path)
+      self._jsonl = storage.open_append(self._jsonl_path)
 
   def record(self, step: int, scalars: dict) -> dict | None:
     """Called once per finished step (in order) with its host scalars.
@@ -125,9 +125,9 @@ class ProgressLogger:
       return 0
     path = self._jsonl_path
     self._jsonl.close()
-    dropped = workdir_io.rewrite_appended(
+    dropped = storage.rewrite_appended(
         path, lambda line: bool(line.strip()) and json.loads(line).get('step', 0) <= step)
-    self._jsonl = workdir_io.open_append(path)
+    self._jsonl = storage.open_append(path)
     return dropped
 
   def event(self, message: str):
@@ -147,10 +147,10 @@ class _EpathEventWriters:
   (tensorboardX's own gs:// writer needs google-cloud-storage)."""
 
   def open(self, path):
-    return workdir_io.ChunkedAppender(path, binary=True)
+    return storage.ChunkedAppender(path, binary=True)
 
   def directory_check(self, path):
-    workdir_io.makedirs(path)
+    storage.makedirs(path)
 
 
 def _summary_writer_class():

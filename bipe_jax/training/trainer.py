@@ -25,7 +25,7 @@ from jax.experimental import multihost_utils
 
 from bipe_jax import run_config as run_config_lib
 from bipe_jax.runs import tokenizer as run_tokenizer
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.state import checkpointing
 from bipe_jax.training import data_shards as data_shards_lib
 from bipe_jax.training import data_loading
@@ -226,7 +226,7 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
   except run_record.ResumeMismatchError as e:
     raise run_config_lib.ConfigError(str(e)) from None
   if is_main:
-    workdir_io.makedirs(workdir)
+    storage.makedirs(workdir)
 
   setup = setup_lib.build(resolved, mesh, model=model)
   model, shardings = setup.model, setup.shardings

@@ -108,7 +108,7 @@ def test_training_and_evaluation_do_not_import_each_other_through_run_restoring(
 
 
 LAYERS = ('state', 'runs', 'training', 'compile')  # each imports only the layers before it
-LEAVES = frozenset({'bipe_jax.runs.workdir_io'})  # imports no bipe_jax module; any layer may
+LEAVES = frozenset({'bipe_jax.storage'})  # imports no bipe_jax module; any layer may
 
 
 def _layer(module: str) -> str:
@@ -132,7 +132,7 @@ def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
 
 
 def test_the_layer_rule_finds_an_upward_import():
-  graph = {'bipe_jax.state.mesh': {'bipe_jax.runs.restore', 'bipe_jax.runs.workdir_io'},
+  graph = {'bipe_jax.state.mesh': {'bipe_jax.runs.restore', 'bipe_jax.storage'},
            'bipe_jax.attention.core': {'bipe_jax.state.mesh'},
            'bipe_jax.runs.restore': {'bipe_jax.state.mesh'},
            'bipe_jax.training.trainer': {'bipe_jax.runs.restore', 'bipe_jax.model'},
@@ -144,7 +144,7 @@ def test_the_layer_rule_finds_an_upward_import():
 def test_the_layers_import_only_downwards():
   """state (mesh, train state, optimizer, checkpoints) < runs (a workdir's files, restoring a
   run) < training (the step, the loop, init_from) < compile (ahead-of-time compiles); the
-  attention package below all four. runs.workdir_io, the file helper every layer reads
+  attention package below all four. runs.storage, the file helper every layer reads
   workdirs with, is a leaf that state's checkpointing uses for the files beside checkpoints."""
   graph = import_graph()
   assert all(graph[leaf] == set() for leaf in LEAVES)

@@ -2,7 +2,7 @@
 
 The emulator (`gcp-storage-emulator`, requirements-interop.txt) serves the GCS JSON API from a
 thread of this test on a free port; the runs, started as the command lines a user types, see
-only STORAGE_EMULATOR_HOST (bipe_jax.runs.workdir_io points array_record's and Orbax's GCS clients
+only STORAGE_EMULATOR_HOST (bipe_jax.storage points array_record's and Orbax's GCS clients
 at it too). Every path is a gs:// URL except the JAX compile cache, and each command runs in an
 empty local folder: a path that bypassed the I/O layer would leave a folder named `gs:` there
 (or fail), and the objects each step must write are checked in the bucket.

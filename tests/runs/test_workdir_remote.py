@@ -19,7 +19,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from bipe_jax.runs import restore as run_restore
 from bipe_jax.runs import tokenizer as run_tokenizer
-from bipe_jax.runs import workdir_io
+from bipe_jax import storage
 from bipe_jax.data import tokenizer as tokenizer_lib
 from bipe_jax.state import checkpointing
 from bipe_jax.runs import position_stats
@@ -63,7 +63,7 @@ def _text(store, name):
 def test_the_backend_is_not_posix(bucket):
   from etils import epath
   assert epath.Path(RUN)._backend is epath_backend.fsspec_backend  # pylint: disable=protected-access
-  assert not workdir_io.is_local(RUN) and workdir_io.absolute(RUN) == RUN
+  assert not storage.is_local(RUN) and storage.absolute(RUN) == RUN
 
 
 def test_config_run_record_and_position_stats_live_in_the_bucket(bucket):
@@ -86,8 +86,8 @@ def test_config_run_record_and_position_stats_live_in_the_bucket(bucket):
 def test_checkpoint_listing_reads_the_bucket(bucket):
   ckpt = f'{RUN}/checkpoints'
   for step, item in ((10, 'state'), (20, 'state'), (30, 'params')):
-    workdir_io.write_text_atomic(f'{ckpt}/{step}/{item}/_METADATA', '{}')
-  workdir_io.write_text_atomic(f'{ckpt}/40.orbax-checkpoint-tmp/state/_METADATA', '{}')
+    storage.write_text_atomic(f'{ckpt}/{step}/{item}/_METADATA', '{}')
+  storage.write_text_atomic(f'{ckpt}/40.orbax-checkpoint-tmp/state/_METADATA', '{}')
   assert sorted(checkpointing.step_dirs(ckpt)) == [10, 20, 30]
   assert checkpointing.params_only_step(ckpt) == 30
   assert checkpointing.step_dirs(f'{RUN}/nothing') == {}
@@ -111,48 +111,48 @@ def test_metrics_and_tensorboard_events_are_written_to_the_bucket(bucket, capsys
   again.close()
   # ... in a new part: the first object is not written again
   assert [json.loads(l)['step'] for l in _text(bucket, 'metrics.jsonl.000001').splitlines()] == [4]
-  assert [json.loads(l)['step'] for l in workdir_io.read_appended(
+  assert [json.loads(l)['step'] for l in storage.read_appended(
       f'{RUN}/metrics.jsonl').splitlines()] == [1, 2, 3, 3, 4]
   # a resume from step 2 drops steps 3 and 4: only the parts that held them are rewritten
   resumed = progress.ProgressLogger(RUN, total_steps=4, tokens_per_step=8, flops_per_token=1.0,
                                     peak_flops=0.0, log_every=1, enabled=True)
   assert resumed.forget_after(2) == 3
   resumed.close()
-  assert [json.loads(l)['step'] for l in workdir_io.read_appended(
+  assert [json.loads(l)['step'] for l in storage.read_appended(
       f'{RUN}/metrics.jsonl').splitlines()] == [1, 2]
   capsys.readouterr()
 
 
 def test_an_appended_object_is_written_in_parts_never_whole(bucket):
   path = f'{RUN}/log.txt'
-  out = workdir_io.ChunkedAppender(path, chunk_bytes=10)
+  out = storage.ChunkedAppender(path, chunk_bytes=10)
   writes = []
-  original = workdir_io.epath.Path.write_bytes
+  original = storage.epath.Path.write_bytes
   def spy(self, data):  # records (object, size) of every object write
     writes.append((os.fspath(self), len(data)))
     return original(self, data)
-  workdir_io.epath.Path.write_bytes = spy
+  storage.epath.Path.write_bytes = spy
   try:
     for i in range(7):
       out.write(f'line {i}\n')  # 7 bytes each
       out.flush()
     out.close()
   finally:
-    workdir_io.epath.Path.write_bytes = original
-  assert workdir_io.read_appended(path) == ''.join(f'line {i}\n' for i in range(7))
-  assert workdir_io.appended_parts(path) == [path] + [f'{path}.{k:06d}' for k in (1, 2, 3)]
+    storage.epath.Path.write_bytes = original
+  assert storage.read_appended(path) == ''.join(f'line {i}\n' for i in range(7))
+  assert storage.appended_parts(path) == [path] + [f'{path}.{k:06d}' for k in (1, 2, 3)]
   assert max(size for _, size in writes) == 14  # never more than one part (< 2 lines)
   assert [name for name, _ in writes].count(path) == 2  # part 0 written twice, then closed
   # a new appender (a resumed run) starts a new part; min_interval_s holds flushes back
-  again = workdir_io.ChunkedAppender(path, min_interval_s=3600)
+  again = storage.ChunkedAppender(path, min_interval_s=3600)
   again.write('first\n')
   again.flush()  # written: nothing written yet by this appender
   again.write('second\n')
   again.flush()  # held back
-  assert workdir_io.read_appended(path).endswith('first\n')
+  assert storage.read_appended(path).endswith('first\n')
   again.close()
-  assert workdir_io.appended_parts(path)[-1] == f'{path}.000004'
-  assert workdir_io.read_appended(path).endswith('first\nsecond\n')
+  assert storage.appended_parts(path)[-1] == f'{path}.000004'
+  assert storage.read_appended(path).endswith('first\nsecond\n')
 
 
 def test_the_tokenizer_copy_is_pinned_in_the_bucket_and_loads_from_it(bucket, tmp_path):
@@ -197,9 +197,9 @@ def test_the_library_log_file_is_written_to_the_bucket(bucket):
 
 
 def test_the_storage_emulator_variable_points_every_gcs_client_at_it():
-  assert workdir_io.follow_storage_emulator({}) == {}
+  assert storage.follow_storage_emulator({}) == {}
   env = {'STORAGE_EMULATOR_HOST': '127.0.0.1:9023', 'TENSORSTORE_GCS_HTTP_URL': 'http://x:1'}
-  added = workdir_io.follow_storage_emulator(env)
+  added = storage.follow_storage_emulator(env)
   assert added == {'CLOUD_STORAGE_EMULATOR_ENDPOINT': 'http://127.0.0.1:9023',
                    'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'emulator'}
   assert env['TENSORSTORE_GCS_HTTP_URL'] == 'http://x:1'  # what the user set is kept
@@ -218,25 +218,25 @@ def test_a_folder_is_walked_and_copied_to_the_bucket_marker_last(bucket, tmp_pat
   for rel, text in (('a.txt', 'aa'), ('sub/b.json', '{}'), ('sub/c.bin', 'ccc'),
                     ('.hidden/x', 'x'), ('sub/.y', 'y')):
     (tmp_path / 'src' / rel).write_text(text)
-  files = workdir_io.walk_files(str(tmp_path / 'src'))
+  files = storage.walk_files(str(tmp_path / 'src'))
   assert [(rel, size) for rel, size, _ in files] == [('a.txt', 2), ('sub/b.json', 2),
                                                      ('sub/c.bin', 3)]
   assert files[0][2] == os.stat(tmp_path / 'src' / 'a.txt').st_mtime_ns / 1e9  # sub-second
   copied = []
-  real_copy = workdir_io.copy_file
-  monkeypatch.setattr(workdir_io, 'copy_file', lambda s, d: (copied.append(d), real_copy(s, d)))
-  workdir_io.copy_tree(str(tmp_path / 'src'), f'{RUN}/copy', last=('b.json',))
+  real_copy = storage.copy_file
+  monkeypatch.setattr(storage, 'copy_file', lambda s, d: (copied.append(d), real_copy(s, d)))
+  storage.copy_tree(str(tmp_path / 'src'), f'{RUN}/copy', last=('b.json',))
   assert copied[-1] == f'{RUN}/copy/sub/b.json' and len(copied) == 3
-  assert [(rel, size) for rel, size, _ in workdir_io.walk_files(f'{RUN}/copy')] == [
+  assert [(rel, size) for rel, size, _ in storage.walk_files(f'{RUN}/copy')] == [
       ('a.txt', 2), ('sub/b.json', 2), ('sub/c.bin', 3)]
   assert _text(bucket, 'copy/sub/c.bin') == 'ccc'
 
 
 def test_local_staging_is_the_folder_itself_or_a_temporary_one():
-  with workdir_io.local_staging('/some/local/dir') as folder:
+  with storage.local_staging('/some/local/dir') as folder:
     assert folder == '/some/local/dir'
-  with workdir_io.local_staging(RUN) as folder:
-    assert workdir_io.is_local(folder) and os.path.isdir(folder)
+  with storage.local_staging(RUN) as folder:
+    assert storage.is_local(folder) and os.path.isdir(folder)
   assert not os.path.exists(folder)  # removed afterwards
 
 
@@ -244,15 +244,15 @@ def test_a_text_folder_in_the_bucket_is_read_and_fingerprinted(bucket):
   from bipe_jax.data import documents
   from bipe_jax.data import text_folder
   folder = f'{RUN}/texts'
-  workdir_io.write_text_atomic(f'{folder}/b.txt', 'Second.\n')
-  workdir_io.write_text_atomic(f'{folder}/a.jsonl', '{"text": "One."}\nnot json\n')
-  workdir_io.write_text_atomic(f'{folder}/.skip.txt', 'hidden\n')
+  storage.write_text_atomic(f'{folder}/b.txt', 'Second.\n')
+  storage.write_text_atomic(f'{folder}/a.jsonl', '{"text": "One."}\nnot json\n')
+  storage.write_text_atomic(f'{folder}/.skip.txt', 'hidden\n')
   report = documents.BuildReport()
   assert list(text_folder.iter_documents(folder, 'text', report)) == [
       ('a.jsonl:1', 'One.'), ('b.txt', 'Second.\n')]
   assert report.bad_json_lines == 1
   before = text_folder.fingerprint(folder, 'text', 0.05)
   assert text_folder.fingerprint(folder, 'text', 0.05) == before
-  workdir_io.write_text_atomic(f'{folder}/b.txt', 'Second, longer.\n')
+  storage.write_text_atomic(f'{folder}/b.txt', 'Second, longer.\n')
   assert text_folder.fingerprint(folder, 'text', 0.05) != before
   assert not os.path.exists('gs:')

@@ -161,14 +161,14 @@ def test_help_exits_0(capsys):
 
 def test_a_truncated_config_json_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
   from bipe_jax.runs import restore as run_restore  # pylint: disable=g-import-not-at-top
-  from bipe_jax.runs import workdir_io  # pylint: disable=g-import-not-at-top
+  from bipe_jax import storage  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import cli as train_cli  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / 'run'
   workdir.mkdir()
   (workdir / 'config.json').write_text('{"model": {"position_encoding": "ro')
   expected = f'{workdir / "config.json"} is not valid JSON (Unterminated string'
-  with pytest.raises(workdir_io.DamagedFileError, match=expected.replace('(', r'\(')):
+  with pytest.raises(storage.DamagedFileError, match=expected.replace('(', r'\(')):
     run_restore.read_config(str(workdir))  # what evaluation reads (its CLI prints ValueErrors)
   config = base.get_base_config()
   # training: the resume check reads it; the CLI prints one line and exits 2
