@@ -118,7 +118,7 @@ demo-segments: $(CORE_STAMP)
 	$(PY) eval/demo.py --output_dir=demo_segments_out --encodings=bipe_rope,bipe_rope@fixed:auto,bipe3_rope
 
 # DAPE's Chomsky-hierarchy tasks, reduced: 2 tasks x 4 encodings x 1 seed, 300 steps each,
-# scored at 9 lengths (4 in 1..40, 5 in 41..500; README, section CHE); prints table and wall time.
+# scored at 9 lengths (4 in 1..40, 5 in 41..500; docs/results.md, section CHE); prints table and wall time.
 demo-che: $(CORE_STAMP)
 	$(PY) eval/che_sweep.py --output_dir=demo_che_out --tasks=reverse_string,missing_duplicate_string --encodings=rope,kerple,dape_kerple,bipe_rope --seeds=0 --steps=300 --eval_lengths=1-40:13,41-500:92 --eval_samples=16 --bucket=128
 

@@ -245,14 +245,18 @@ def report(title: str, table: str, notes: Sequence[str] = (), *,
           f'at load < {MAX_LOAD:g}', file=sys.stderr, flush=True)
     return text
   if out:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out + '.md', 'w') as f:
-      f.write(text + '\n')
-    if data is not None:
-      with open(out + '.json', 'w') as f:
-        json.dump({'machine': machine_info(), 'load_average': [LOAD_AT_START, load_after],
-                   'data': data}, f, indent=1, default=str)
+    write_results(out, text, None if data is None else {
+        'machine': machine_info(), 'load_average': [LOAD_AT_START, load_after], 'data': data})
   return text
+
+
+def write_results(out: str, text: str, document: dict | None = None) -> None:
+  """`text` into OUT.md and `document` (if any) into OUT.json, a local path or gs://...
+  (bipe_jax.storage: atomic, folders created)."""
+  from bipe_jax import storage  # pylint: disable=g-import-not-at-top  (after the caller's set-up)
+  storage.write_text_atomic(out + '.md', text + '\n')
+  if document is not None:
+    storage.write_text_atomic(out + '.json', json.dumps(document, indent=1, default=str))
 
 
 def run_json_subprocess(args: Sequence[str], *, env: Mapping[str, str] | None = None,

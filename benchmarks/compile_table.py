@@ -10,11 +10,12 @@ kept (the compile exits 1 and still writes its figures). `--only NAME` compiles 
 """
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
+
+from bipe_jax import storage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024 ** 3
@@ -43,17 +44,15 @@ ROWS = [
 def compile_row(name: str, args: str, directory: str) -> dict:
   """Runs train/compile.py for one row; returns its JSON figures (+ the exit code). Without
   the step-time prediction (`--nopredict`: two more compiles, which the table does not show)."""
-  out = os.path.join(directory, f'{name}.json')
+  out = storage.join(directory, f'{name}.json')
   command = [sys.executable, 'train/compile.py', *args.split(), '--nopredict', f'--output={out}']
   env = dict(os.environ, JAX_PLATFORMS='cpu', ALLOW_MULTIPLE_LIBTPU_LOAD='1')
   proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-  if not os.path.exists(out):
+  figures = storage.read_json(out)
+  if figures is None:
     raise RuntimeError(f'{name}: train/compile.py wrote no figures: {proc.stderr.strip()[-400:]}')
-  with open(out) as f:
-    figures = json.load(f)
   figures['exit_code'] = proc.returncode
-  with open(out, 'w') as f:
-    json.dump(figures, f, indent=1)
+  storage.write_json(out, figures, indent=1)
   return figures
 
 
@@ -105,17 +104,15 @@ def main() -> None:
   unknown = sorted(set(args.only) - set(names))
   if unknown:
     parser.error(f'unknown rows {unknown}; rows: {names}')
-  os.makedirs(args.dir, exist_ok=True)
   results = {}
   for name, row_args in ROWS:
     if args.only and name not in args.only:
       continue
-    path = os.path.join(args.dir, f'{name}.json')
+    path = storage.join(args.dir, f'{name}.json')
     if args.table_only:
-      if not os.path.exists(path):
+      if (figures := storage.read_json(path)) is None:
         continue
-      with open(path) as f:
-        results[name] = json.load(f)
+      results[name] = figures
     else:
       start = time.perf_counter()
       results[name] = compile_row(name, row_args, args.dir)
@@ -126,8 +123,7 @@ def main() -> None:
     if name in results:
       print(table_row(row_args, results[name]))
   if args.out:
-    with open(args.out, 'w') as f:
-      json.dump(results, f, indent=1)
+    storage.write_json(args.out, results, indent=1)
 
 
 if __name__ == '__main__':

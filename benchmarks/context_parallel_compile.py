@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import topologies
 
 from bipe_jax import model as model_lib
+from bipe_jax import storage
 from bipe_jax.state import mesh as mesh_lib
 from bipe_jax.training import resolve
 from bipe_jax.training import setup as setup_lib
@@ -82,7 +83,7 @@ def main():
   p.add_argument('--out', default='benchmarks/results/context_parallel_compile.jsonl')
   row = compile_step(p.parse_args())
   print(json.dumps(row))
-  with open(p.parse_args().out, 'a', encoding='utf-8') as f:
+  with storage.open_append(p.parse_args().out) as f:  # a local file or gs://... (in parts)
     f.write(json.dumps(row) + '\n')
 
 

@@ -10,7 +10,6 @@ rows delivered to the caller, after a warm-up of a few batches. Prints JSON.
 
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -21,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import base  # pylint: disable=wrong-import-position
 import bipe_jax.data as data_lib  # pylint: disable=wrong-import-position
+from bipe_jax import storage  # pylint: disable=wrong-import-position
 
 DATA_DIR = flags.DEFINE_string('data_dir', '/tmp/bipe_bench_data', 'Where to build the corpus.')
 FRESH = flags.DEFINE_bool('fresh', True, 'Delete data_dir first to time the build.')
@@ -47,8 +47,8 @@ def time_iterator(config, batches, batch_size):
 
 def main(argv):
   del argv
-  if FRESH.value and os.path.exists(DATA_DIR.value):
-    shutil.rmtree(DATA_DIR.value)
+  if FRESH.value and storage.exists(DATA_DIR.value):
+    storage.rmtree(DATA_DIR.value)
   config = base.data_defaults()
   config.data_dir = DATA_DIR.value
   start = time.perf_counter()

@@ -12,7 +12,6 @@ An impl that does not run a scheme (cuDNN with a bias, ...) is reported as skipp
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ import numpy as np  # pylint: disable=wrong-import-position
 from benchmarks import common  # pylint: disable=wrong-import-position
 from bipe_jax import config as config_lib  # pylint: disable=wrong-import-position
 from bipe_jax import model as model_lib  # pylint: disable=wrong-import-position
+from bipe_jax import storage  # pylint: disable=wrong-import-position
 from bipe_jax.training import flops  # pylint: disable=wrong-import-position
 from bipe_jax.state import mesh as mesh_lib  # pylint: disable=wrong-import-position
 from bipe_jax.state import optimizer  # pylint: disable=wrong-import-position
@@ -135,9 +135,8 @@ def main(argv=None) -> int:
                               rows))
   print(f'MFU against {peak_note}; median of {args.repeats} interleaved steps after one warm-up')
   if args.out:
-    with open(args.out, 'w', encoding='utf-8') as f:
-      json.dump({'title': title, 'results': results, 'machine': common.machine_info()}, f,
-                indent=1)
+    storage.write_json(args.out, {'title': title, 'results': results,
+                                  'machine': common.machine_info()}, indent=1)
   return 0 if results else 1
 
 

@@ -171,9 +171,9 @@ def combine_results(paths) -> list:
   """The points of several result files, in order; a failed point is dropped when another
   file has the same (code, encoding, length) measured."""
   points = []
+  from bipe_jax import storage  # pylint: disable=g-import-not-at-top
   for path in paths:
-    with open(path) as f:
-      points += json.load(f)['data']
+    points += json.loads(storage.read_bytes(path))['data']
   key = lambda r: (r['label'], r['encoding'], r['length'])
   measured = {key(r) for r in points if 'temp_bytes' in r}
   kept = [r for r in points if 'temp_bytes' in r or key(r) not in measured]
@@ -190,11 +190,7 @@ def _write(results, args) -> None:
                     _table(results, args.target), ''])
   print(text, flush=True)
   if args.out:  # memory figures do not depend on the machine's load: always written
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + '.md', 'w') as f:
-      f.write(text + '\n')
-    with open(args.out + '.json', 'w') as f:
-      json.dump({'machine': common.machine_info(), 'data': results}, f, indent=1)
+    common.write_results(args.out, text, {'machine': common.machine_info(), 'data': results})
 
 
 if __name__ == '__main__':

@@ -10,7 +10,11 @@ traceback:
 - a config file that does not load (`--config=configs/tinyy.py` -> the config files there, the
   closest first), or whose `get_config(param)` refuses its parameter;
 - a directory flag (--workdir, --output_dir, --root, --data_dir, --text_dir) naming a file;
-- Ctrl-C before the program installed its own handler: `interrupted`, exit 130.
+- Ctrl-C before the program installed its own handler: `interrupted`, exit 130;
+- a bucket that does not answer (bipe_jax.storage_faults): one line naming it and the endpoint,
+  exit EXIT_STORAGE (74); a path that cannot be used (no such bucket, a folder that takes no
+  write, an output given on the command line that cannot be written: checked before any
+  work): one line, exit 2.
 `--help` (and absl's --helpfull, --helpshort) prints the usage and exits 0 (absl exits 1).
 A CPU-only host runs on JAX's CPU platform without probing for a TPU (bipe_jax.platforms).
 Library INFO logs (absl, Orbax, TFDS) stay off the terminal unless --verbosity is given (the
@@ -27,8 +31,19 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 DIRECTORY_FLAGS = ('workdir', 'output_dir', 'root', 'data_dir', 'text_dir')
+# Outputs given on the command line are checked writable before any work (a probe file, an
+# object on a bucket, written and deleted: bipe_jax.storage_faults), not after it
+OUTPUT_DIR_FLAGS = ('output_dir',)
+OUTPUT_FILE_FLAGS = ('output', 'plot', 'position_plot')
 HELP_FLAGS = ('help', 'helpfull', 'helpshort', 'helpxml', '?')  # absl's; they exit 0 here
-EXIT_USER_ERROR = 2
+# Exit codes of every command (docs/tpu.md's relaunch loop reads them):
+EXIT_OK = 0  # done (a training run: at train.steps, or its data ended)
+EXIT_USER_ERROR = 2  # a bad flag, config or path: fix the command (one line says what)
+EXIT_STORAGE = 74  # sysexits' EX_IOERR: the storage failed or did not answer (one line naming
+# the bucket and the endpoint); a training run kept its last good checkpoint: run the same
+# command again once the storage is back (bipe_jax.storage_faults)
+EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: training stopped by SIGTERM (a preemption notice,
+# a scheduler) with a checkpoint saved: run the same command again to resume
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
@@ -146,7 +161,28 @@ def parse_flags(argv: Sequence[str], flag_values=None) -> list:
           fail(f'--{name}={path} is a file, not a directory')
   if len(rest) > 1:
     fail(f'unexpected arguments {rest[1:]} (flags are written --name=value)')
+  _check_outputs(flag_values)
   return rest
+
+
+def _check_outputs(flag_values) -> None:
+  """Each output folder or file given on the command line takes a write (one line, exit 2;
+  a bucket that does not answer: exit EXIT_STORAGE)."""
+  given = [(name, flag_values[name].value) for name in OUTPUT_DIR_FLAGS + OUTPUT_FILE_FLAGS
+           if name in flag_values and flag_values[name].present
+           and isinstance(flag_values[name].value, str) and flag_values[name].value]
+  if not given:
+    return
+  from bipe_jax import storage_faults  # pylint: disable=g-import-not-at-top
+  for name, path in given:
+    check = (storage_faults.check_writable if name in OUTPUT_DIR_FLAGS
+             else storage_faults.check_output_file)
+    try:
+      check(path)
+    except storage_faults.UnusablePathError as e:
+      fail(f'--{name}: {e}')
+    except storage_faults.StorageUnreachableError as e:
+      fail(f'--{name}: {e}', EXIT_STORAGE)
 
 
 def quiet_library_logs() -> None:
@@ -171,10 +207,15 @@ def run(main: Callable[[list], int | None]) -> None:
   platforms.use_cpu_without_accelerator()
 
   def guarded(argv):
+    from bipe_jax import storage_faults  # pylint: disable=g-import-not-at-top
     quiet_library_logs()
     try:
       return main(argv)
     except KeyboardInterrupt:
       fail('interrupted', EXIT_INTERRUPTED)
+    except storage_faults.StorageUnreachableError as e:
+      fail(str(e), EXIT_STORAGE)
+    except storage_faults.UnusablePathError as e:
+      fail(str(e), EXIT_USER_ERROR)
 
   app.run(guarded, flags_parser=parse_flags)

@@ -19,6 +19,7 @@ from bipe_jax.attention import support as attention_support
 from bipe_jax import kernels
 from bipe_jax import remat as remat_lib
 from bipe_jax import schemes
+from bipe_jax.encodings import randomized
 
 OFFICIAL_SEPARATOR_IDS = (869, 13)  # Llama tokenizer: '▁.' and '<0x0A>' (official BiPE code)
 SEPARATOR_MODES = ('auto', 'sentence', 'newline', 'official', 'ids')  # and 'fixed:K'
@@ -76,8 +77,9 @@ class ModelConfig:
   # False: encoder mode, bidirectional attention (biases made two-sided: encodings/two_sided.py)
   causal: bool = True
   # auto | dense | blockwise | cudnn | fused | pallas | pallas_gpu (bipe_jax.attention.support:
-  # which runs which scheme, and what 'auto' picks per platform)
-  attention_impl: str = 'blockwise'
+  # which runs which scheme, and what 'auto' picks per platform: the fastest path that computes
+  # the scheme, resolved by the mesh's platform; a run records its choice in config.json)
+  attention_impl: str = 'auto'
   block_size: int = 128
   dtype: str = 'float32'  # compute dtype; float32 | bfloat16
   remat: Any = 'none'  # none | full | save_projections (False / True: none / full); remat.py
@@ -99,10 +101,20 @@ class ModelConfig:
   rope_fraction: float = 1.0
   nope_every: int = 0
   query_log_scale: bool = False
-  # FoX pruning (blockwise): skip key blocks whose attention weights are all below
+  # FoX pruning (blockwise and pallas): skip key blocks whose attention weights are all below
   # exp(tolerance) (official log_pruning_tolerance, recommended -10); 0 = off.
   fox_log_pruning_tolerance: float = 0.0
+  # FoX's forget gate: 'learned' (the scheme's: data-dependent for fox, a learned bias for
+  # fox_bias_only) | 'fixed' (official fgate_type='fixed': constant gates whose decay times are
+  # log-spaced from fox_decay_time_min to fox_decay_time_max across heads; encodings/fox_pro.py)
+  fox_gate: str = 'learned'
+  fox_decay_time_min: float = 0.0  # in tokens (segments for bilevel FoX); set both for 'fixed'
+  fox_decay_time_max: float = 0.0
   cope_npos: int = 0  # CoPE's position vectors (official: block size + 1); 0 = max_position + 1
+  # Randomized positions (Ruoss et al. 2023; bipe_jax/encodings/randomized.py): L > 0 gives each
+  # row an ordered random subset of 0..L-1 as positions whenever the model is given a
+  # `positions_rng` key (the train steps); 0 = off. The learned absolute table then has L rows.
+  randomized_positions: int = 0
   # Construction options of the checks (validate_model_config), not fields: False / True accept
   # a config whose separator ids / inter-stream original length are resolved later. (Read on
   # an instance they give these class defaults; dataclasses.replace checks with the defaults.)
@@ -148,6 +160,11 @@ class ModelConfig:
   @property
   def cope_positions(self) -> int:
     return self.cope_npos or self.max_position + 1
+
+  @property
+  def position_table_size(self) -> int:
+    """Rows of the learned absolute table: randomized_positions when set, else max_position."""
+    return self.randomized_positions or self.max_position
 
   @property
   def slope_factor(self) -> float:
@@ -227,6 +244,15 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
   if cfg.fox_log_pruning_tolerance < 0 and not cfg.causal:
     raise _err('fox_log_pruning_tolerance', cfg.fox_log_pruning_tolerance,
                'prunes causal key blocks only: set it to 0 with model.causal=False')
+  if cfg.fox_gate not in ('learned', 'fixed'):
+    raise _err('fox_gate', cfg.fox_gate, "must be 'learned' or 'fixed'")
+  if cfg.fox_gate == 'fixed':
+    if not cfg.scheme.uses_forget_gate:
+      raise _err('fox_gate', 'fixed', f'needs a FoX encoding, not {cfg.position_encoding}')
+    if not 0 < cfg.fox_decay_time_min <= cfg.fox_decay_time_max:
+      raise _err('fox_decay_time_min', cfg.fox_decay_time_min,
+                 f"and fox_decay_time_max={cfg.fox_decay_time_max} must satisfy 0 < min <= max "
+                 "with fox_gate='fixed'")
   if cfg.nope_every and cfg.scan_layers:
     raise _err('nope_every', cfg.nope_every, 'needs scan_layers=False (the layers differ)')
   if cfg.query_log_scale and cfg.train_length < 2:
@@ -282,6 +308,11 @@ def validate_model_config(cfg: ModelConfig, *, require_separators: bool = True,
                f'kernels only without a bias); attention_impl={cfg.attention_impl!r} with '
                f'{cfg.position_encoding!r} is causal-only (tile biases, per-key ALiBi, DAPE V2 '
                f'convolution)')
+  value = cfg.randomized_positions
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise _err('randomized_positions', value, 'must be an integer >= 0 (0 = off)')
+  if cfg.randomized_positions and (why := randomized.refusal(cfg.scheme)):
+    raise _err('randomized_positions', cfg.randomized_positions, f'must be 0: {why}')
   if cfg.kernels not in kernels.KERNELS:
     raise _err('kernels', cfg.kernels, f'must be one of {kernels.KERNELS}')
   if cfg.dtype not in DTYPES:

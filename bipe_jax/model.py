@@ -8,7 +8,8 @@ The positional scheme (bipe_jax.schemes.Scheme) says which position stream feeds
   transform  DAPE V1 / V2 on (scores, bias) of all heads, per attention block.
 
 Parameter tree (docs/design.md; the checkpoint converter relies on these names):
-  embed/embedding [V, D], intra_embed/embedding [max_intra, D], abs_embed/embedding [max_pos, D],
+  embed/embedding [V, D], intra_embed/embedding [max_intra, D], abs_embed/embedding [max_pos, D]
+  (max_pos = model.randomized_positions when set),
   layer_{i}/{attention_norm,mlp_norm}/scale [D],
   layer_{i}/attention/{query,key,value}/kernel [D, H|G, Dh], layer_{i}/attention/out/kernel
   [H, Dh, D], layer_{i}/attention/{kerple,fire,t5,dape}/..., layer_{i}/mlp/{gate,up}/kernel
@@ -52,7 +53,7 @@ from jax.ad_checkpoint import checkpoint_name
 from bipe_jax import attention as attention_lib
 from bipe_jax import input_checks
 from bipe_jax.attention import context_parallel
-from bipe_jax.attention import support as attention_support
+from bipe_jax.attention import op as attention_op
 from bipe_jax import kernels as kernels_lib
 from bipe_jax import positions as positions_lib
 from bipe_jax import remat as remat_lib
@@ -63,13 +64,14 @@ from bipe_jax.encodings import cope
 from bipe_jax.encodings import dape
 from bipe_jax.encodings import fire
 from bipe_jax.encodings import fox
+from bipe_jax.encodings import fox_pro
 from bipe_jax.encodings import hierarchical
 from bipe_jax.encodings import initializers
 from bipe_jax.encodings import kerple
+from bipe_jax.encodings import randomized
 from bipe_jax.encodings import recipes
 from bipe_jax.encodings import rope
 from bipe_jax.encodings import t5
-from bipe_jax.encodings import two_sided
 
 _INIT = nn.initializers.normal(stddev=0.02)  # Llama initializer_range
 
@@ -188,66 +190,72 @@ def _pure(make_module: Callable[..., nn.Module], name: str, *example_args) -> Ca
   Linen modules cannot be called inside `lax.scan` (the blockwise attention loop); the returned
   function applies an unbound copy with explicit params, which can.
   """
+  return _pure_and_params(make_module, name, *example_args)[0]
+
+
+def _pure_and_params(make_module: Callable[..., nn.Module], name: str,
+                     *example_args) -> tuple[Callable, dict]:
+  """`_pure`'s function and the params it closes over."""
   params = _module_params(make_module, name, *example_args)
   unbound = make_module(parent=None)
-  return lambda *args: unbound.apply({'params': params}, *args)
+  return (lambda *args: unbound.apply({'params': params}, *args)), params
 
 
 class Attention(nn.Module):
-  """Multi-head / grouped-query self-attention with the scheme's rotary, bias and transform."""
+  """Multi-head / grouped-query self-attention with the scheme's rotary, bias and transform.
+
+  The layer makes the projections, the rotary, FoX Pro's parts, the KV cache, the mask and the
+  output projection, and describes the scheme's bias and transform (attention/op.py's BiasTerm,
+  TransformTerm); the op picks the implementation and forms its arguments."""
   config: ModelConfig
   decode: bool = False
   mask_keys: bool = False  # mask invalid keys (Side.valid) even without a pad_id
 
-  def _bias_fn(self) -> Optional[Callable]:
+  def _bias_fn_and_params(self) -> tuple[Optional[Callable], dict]:
+    """(bias_fn, params) of the scheme's bias: its dense form bias_fn(q_streams, k_streams) ->
+    [B, H, Q, K] float32 (one-sided: attention/op.py makes it two-sided in encoder mode) and
+    the parameters of its module, created in this scope (none for ALiBi); (None, {}) without
+    a bias or for FoX (its bias is formed from the forget-gate streams)."""
     cfg, s = self.config, self.config.scheme
     h = cfg.num_heads
     pos1 = jnp.zeros((1, 1), jnp.int32)
     if s.bias == 'alibi':
       slopes = alibi.alibi_slopes(h)
-      return functools.partial(alibi.alibi_bias, slopes_H=slopes, slope_factor=cfg.slope_factor)
+      fn = functools.partial(alibi.alibi_bias, slopes_H=slopes, slope_factor=cfg.slope_factor)
+      return fn, {}
     if s.bias == 'kerple':
-      return _pure(functools.partial(kerple.KerpleLogBias, h), 'kerple', pos1, pos1)
+      return _pure_and_params(functools.partial(kerple.KerpleLogBias, h), 'kerple', pos1, pos1)
     if s.bias == 'fire':
       slope = dape.LEAKY_SLOPE if s.transform != 'none' else 0.0  # official DAPE: LeakyReLU
       make = functools.partial(fire.FireBias, h, hidden=cfg.fire_hidden,
                                init_L=float(cfg.fire_L0), negative_slope=slope)
-      return _pure(make, 'fire', pos1, pos1)
+      return _pure_and_params(make, 'fire', pos1, pos1)
     if s.bias == 't5':
       make = functools.partial(t5.T5RelativeBias, h, num_buckets=cfg.t5_buckets,
                                max_distance=cfg.t5_max_distance,
                                scale=t5.t5_scale(cfg.head_size))
-      return _pure(make, 't5', pos1, pos1)
-    return None
+      return _pure_and_params(make, 't5', pos1, pos1)
+    return None, {}
 
-  def _tile_bias(self) -> tuple:
-    """(TileBias, params [H, P]) of the scheme's bias for the Pallas kernels: the same
-    parameters (names, initialisers, Kerple's clamp) as `_bias_fn`'s modules."""
-    from bipe_jax.attention import pallas  # pylint: disable=import-outside-toplevel (Pallas loads slowly)
+  def _bias_fn(self) -> Optional[Callable]:
+    """The dense form of the scheme's bias (`_bias_fn_and_params`), or None."""
+    return self._bias_fn_and_params()[0]
+
+  def _bias_term(self, x_BxTxD: jax.Array, q_side: Side, k_side: Side,
+                 cache_index: jax.Array) -> Optional[attention_op.BiasTerm]:
+    """The scheme's bias for the attention op (attention/op.py), or None without one."""
     cfg, s = self.config, self.config.scheme
-    h = cfg.num_heads
-    pos1 = jnp.zeros((1, 1), jnp.int32)
-    if s.bias == 'alibi':
-      slopes = alibi.alibi_slopes(h) * cfg.slope_factor
-      return pallas.TileBias('alibi'), jnp.asarray(slopes, jnp.float32)[:, None]
-    if s.bias == 'kerple':
-      params = _module_params(functools.partial(kerple.KerpleLogBias, h), 'kerple', pos1, pos1)
-      p_a = [kerple.clamp_straight_through(params[n], kerple.KERPLE_MIN)
-             for n in kerple.KERPLE_PARAM_NAMES]
-      return pallas.TileBias('kerple'), jnp.stack(p_a, axis=1)
-    if s.bias == 't5':
-      make = functools.partial(t5.T5RelativeBias, h, num_buckets=cfg.t5_buckets,
-                               max_distance=cfg.t5_max_distance)
-      weight_NxH = _module_params(make, 't5', pos1, pos1)['rel_embedding']
-      # The kernel adds table[bucket]: the official bias weight[bucket] * sqrt(head_dim).
-      table_NxH = t5.t5_table_from_weight(weight_NxH, t5.t5_scale(cfg.head_size))
-      return (pallas.TileBias('t5', t5_buckets=cfg.t5_buckets,
-                              t5_max_distance=cfg.t5_max_distance), table_NxH.T)
-    if s.uses_forget_gate:  # c_q - c_k from the float positions (no parameters in the kernel)
-      return pallas.TileBias('fox'), jnp.zeros((h, 1), jnp.float32)
-    if s.bias != 'none':
-      raise ValueError(f"attention_impl='pallas' does not cover bias {s.bias!r}.")
-    return pallas.TileBias('none'), None
+    if s.bias == 'none':
+      return None
+    if s.uses_forget_gate:
+      c_q, c_k = self._forget_gate_streams(x_BxTxD, q_side, k_side, cache_index)
+      return attention_op.BiasTerm(
+          s.bias, c_q, c_k, fox_log_pruning_tolerance=cfg.fox_log_pruning_tolerance)
+    bias_fn, params = self._bias_fn_and_params()
+    return attention_op.BiasTerm(
+        s.bias, q_side.stream(s.bias_stream), k_side.stream(s.bias_stream), bias_fn=bias_fn,
+        params=params, slope_factor=cfg.slope_factor, t5_buckets=cfg.t5_buckets,
+        t5_max_distance=cfg.t5_max_distance)
 
   def _forget_gate_streams(self, x_BxTxD: jax.Array, q_side: Side, k_side: Side,
                            cache_index: jax.Array) -> tuple:
@@ -257,8 +265,12 @@ class Attention(nn.Module):
     before it; with a context axis, c is a prefix sum carried across the shards."""
     cfg, s = self.config, self.config.scheme
     t = x_BxTxD.shape[1]
-    log_f = fox.ForgetGate(cfg.num_heads, data_dependent=s.bias == 'fox',
-                           name='forget_gate')(x_BxTxD)
+    if cfg.fox_gate == 'fixed':  # constant gates (encodings/fox_pro.py): no parameters
+      log_f = fox_pro.fixed_log_gates(cfg.num_heads, cfg.fox_decay_time_min,
+                                      cfg.fox_decay_time_max, x_BxTxD.shape[0], t)
+    else:
+      log_f = fox.ForgetGate(cfg.num_heads, data_dependent=s.bias == 'fox',
+                             name='forget_gate')(x_BxTxD)
     starts = None
     if s.bias_stream == 'inter':  # bilevel: gates only at the first token of each segment
       starts = fox.segment_starts(q_side.intra, q_side.inter, q_side.valid)
@@ -279,6 +291,33 @@ class Attention(nn.Module):
     if not cfg.causal:  # encoder mode: fox.fox_bias_two_sided's streams
       return (c, q_side.index), (c, log_f, k_side.index)
     return c, c
+
+  def _shifted_kv(self, x_BxTxD: jax.Array, k_BxGxTxDh: jax.Array, v_BxGxTxDh: jax.Array,
+                  q_side: Side, cache_index: jax.Array) -> tuple:
+    """FoX Pro's key / value shift (encodings/fox_pro.py) of k and v [B, G, T, Dh]. Decoding
+    keeps each row's last masked k' and v' ('shift_key', 'shift_value' [B, G, Dh]), so a chunk
+    continues from the token before it."""
+    cfg = self.config
+    if context_parallel.active(k_BxGxTxDh.shape[2]) and not self.decode:
+      raise ValueError(f'{cfg.position_encoding}: context parallelism is not supported (the '
+                       'key / value shift reads the previous token across the shard boundary).')
+    keep = q_side.valid
+    continues = jnp.ones_like(keep)
+    if cfg.mask_across_documents:  # no shift across a document start
+      continues = continues.at[:, 1:].set(q_side.document[:, 1:] == q_side.document[:, :-1])
+    shifted = []
+    for name, x in (('key', k_BxGxTxDh), ('value', v_BxGxTxDh)):
+      alpha = fox_pro.ShiftGate(cfg.kv_heads, name=f'{name}_shift')(x_BxTxD)
+      before = None
+      if self.decode:
+        initialized = self.has_variable('cache', f'shift_{name}')
+        last = self.variable('cache', f'shift_{name}', jnp.zeros,
+                             (x.shape[0], x.shape[1], x.shape[3]), x.dtype)
+        if initialized:
+          before = jnp.where(cache_index > 0, last.value, jnp.zeros_like(last.value))
+          last.value = jnp.where(keep[:, -1, None, None], x[:, :, -1], 0).astype(x.dtype)
+      shifted.append(fox_pro.token_shift(x, alpha, keep, continues, before))
+    return tuple(shifted)
 
   def _transform_fn(self) -> tuple:
     """(transform_fn(scores, bias, q_pos, k_pos, k_in_range) or None, halo)."""
@@ -306,6 +345,10 @@ class Attention(nn.Module):
     q = proj('query', (d, h, dh), ('embed', 'heads', 'head_dim'), 'btd,dhk->bhtk')(x_BxTxD)
     k = proj('key', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
     v = proj('value', (d, g, dh), ('embed', 'kv_heads', 'head_dim'), 'btd,dgk->bgtk')(x_BxTxD)
+    if scheme.fox_pro:  # key / value shift, then QK-norm (encodings/fox_pro.py)
+      k, v = self._shifted_kv(x_BxTxD, k, v, q_side, cache_index)
+      q = fox_pro.HeadNorm(h, fox_pro.QK_NORM_EPS, name='q_norm')(q)
+      k = fox_pro.HeadNorm(g, fox_pro.QK_NORM_EPS, name='k_norm')(k)
     if cfg.query_log_scale:  # recipes.py: log-length scaling past the training length
       q = q * rope.rope_log_scale(q_side.token, cfg.train_length,
                                   min_scale=1.0)[:, None, :, None].astype(q.dtype)
@@ -329,21 +372,18 @@ class Attention(nn.Module):
         cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, at)
         k, v = cached_k.value, cached_v.value
 
-    # 'auto' left unresolved by a mesh (a model used directly): the platform traced for
-    impl = attention_support.resolve_attention_impl(cfg.attention_impl, scheme,
-                                                    jax.default_backend(), cfg.dtype, cfg.causal)
-    if self.decode and impl in (*attention_lib.FUSED_IMPLS, *attention_support.TILE_BIAS_IMPLS):
-      impl = 'dense'
     transform_fn, halo = self._transform_fn()
+    transform = (None if transform_fn is None else
+                 attention_op.TransformTerm(transform_fn, halo))
     if scheme.transform == 'cope':  # dense only (encodings/cope.py)
       if context_parallel.active(q.shape[2]) and not self.decode:
         raise ValueError('cope: context parallelism is not supported (CoPE runs densely).')
       cope.check_length(k.shape[2])
-      impl = 'dense'
       qe = cope.CopeEmbedding(cfg.cope_positions, name='cope')(q)
       qe_right = (None if cfg.causal else  # encoder mode: keys on the right read their own table
                   cope.CopeEmbedding(cfg.cope_positions, name='cope_right')(q))
-      transform_fn = cope.cope_transform(qe, 1.0 / math.sqrt(dh), qe_right)
+      transform = attention_op.TransformTerm(
+          cope.cope_transform(qe, 1.0 / math.sqrt(dh), qe_right), dense_only=True)
     if not cfg.causal and self.decode:  # encoder mode (config validation refuses the rest)
       raise ValueError('model.causal=False (encoder mode) cannot decode: use a full forward.')
     documents = cfg.mask_across_documents
@@ -352,47 +392,15 @@ class Attention(nn.Module):
         k_valid=k_side.valid if cfg.pad_id >= 0 or self.mask_keys else None,
         q_document=q_side.document if documents else None,
         k_document=k_side.document if documents else None, causal=cfg.causal)
-    kwargs = dict(mask=mask, transform_fn=transform_fn)
-    if impl in attention_lib.FUSED_IMPLS and scheme.bias == 'alibi':
-      # ALiBi as a per-key bias (alibi.alibi_key_bias: equal after the softmax)
-      kwargs.update(key_bias_BxHx1xK=alibi.alibi_key_bias(
-          k_side.stream(scheme.bias_stream), alibi.alibi_slopes(h), cfg.slope_factor))
-    elif impl in attention_support.TILE_BIAS_IMPLS:
-      tile_bias, bias_params = self._tile_bias()
-      batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
-      kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=cfg.block_size,
-                    block_k=cfg.block_size, batch_axes=batch_axes, head_axes=head_axes)
-      if scheme.uses_forget_gate:
-        c_q, c_k = self._forget_gate_streams(x_BxTxD, q_side, k_side, cache_index)
-        kwargs.update(q_streams=c_q, k_streams=c_k)
-      elif scheme.bias != 'none':
-        kwargs.update(q_streams=q_side.stream(scheme.bias_stream),
-                      k_streams=k_side.stream(scheme.bias_stream))
-    elif scheme.uses_forget_gate:
-      c_q, c_k = self._forget_gate_streams(x_BxTxD, q_side, k_side, cache_index)
-      kwargs.update(bias_fn=fox.fox_bias if cfg.causal else fox.fox_bias_two_sided,
-                    q_streams=c_q, k_streams=c_k)
-      if impl == 'blockwise' and cfg.fox_log_pruning_tolerance < 0:
-        kwargs.update(block_prune=fox.block_prune(cfg.fox_log_pruning_tolerance))
-    elif (bias_fn := self._bias_fn()) is not None:
-      if not cfg.causal:  # encoder mode: the same bias on the right of the query
-        bias_fn = two_sided.two_sided_bias(bias_fn)
-      kwargs.update(bias_fn=bias_fn, q_streams=q_side.stream(scheme.bias_stream),
-                    k_streams=k_side.stream(scheme.bias_stream))
-    if impl == 'blockwise':
-      kwargs.update(block_size=cfg.block_size, transform_halo=halo)
-    if impl in attention_lib.FUSED_IMPLS:  # not decoding: causal indices 0..T-1 in every row
-      kwargs.update(plain_causal=True)
-    if impl in ('dense', 'blockwise'):  # blockwise of one block is dense attention
-      kwargs.update(kernels=cfg.kernels)
-    attend = attention_lib.attention_fn(impl)
-    if not self.decode and context_parallel.active(q.shape[2]):
-      # T sharded over the context mesh axis: local queries, all-gathered keys / values.
-      out_BxHxTxDh = context_parallel.gathered_kv_attention(attend, q, k, v, **kwargs)
-    else:
-      out_BxHxTxDh = attend(q, k, v, **kwargs)
+    # the op picks the implementation ('auto': the platform traced for) and forms its arguments
+    op = attention_op.AttentionOp(cfg.attention_impl, scheme, block_size=cfg.block_size,
+                                  kernels=cfg.kernels, dtype=cfg.dtype, decode=self.decode)
+    out_BxHxTxDh = op(q, k, v, mask, self._bias_term(x_BxTxD, q_side, k_side, cache_index),
+                      transform)
     out_BxHxTxDh = nn.with_logical_constraint(out_BxHxTxDh,
                                               ('batch', 'heads', 'length', 'head_dim'))
+    if scheme.fox_pro:  # the gated output norm (encodings/fox_pro.py)
+      out_BxHxTxDh = fox_pro.GatedOutputNorm(h, name='output_gate')(out_BxHxTxDh, x_BxTxD)
     return proj('out', (h, dh, d), ('heads', 'head_dim', 'embed'), 'bhtk,hkd->btd')(out_BxHxTxDh)
 
 
@@ -474,6 +482,34 @@ def match_layer_layout(params: dict, like: dict) -> dict:
   if SCANNED_LAYERS in params and SCANNED_LAYERS not in like and 'layer_0' in like:
     return unstack_layer_params(params)
   return params
+
+
+def input_positions(cfg: ModelConfig, side: Side) -> jax.Array:
+  """The scheme's input position embedding [B, T, D] (compute dtype) of `side`'s input stream:
+  sinusoidal, or a learned table ('intra_embed' / 'abs_embed', made in the calling module's
+  scope: call it inside a compact method). Not for schemes whose input is 'none'."""
+  scheme, dtype = cfg.scheme, cfg.compute_dtype
+  stream = side.stream(scheme.input_stream)
+  if scheme.input == 'sinusoidal':
+    return absolute.sinusoidal_embedding(stream, cfg.hidden_size).astype(dtype)
+  if scheme.uses_learned_intra:
+    return absolute.LearnedPositionEmbedding(
+        cfg.max_intra, cfg.hidden_size, zero_last_row=cfg.intra_zero_last_row, dtype=dtype,
+        name='intra_embed')(stream)
+  return absolute.LearnedPositionEmbedding(
+      cfg.position_table_size, cfg.hidden_size, dtype=dtype, name='abs_embed')(stream)
+
+
+def randomize_positions(cfg: ModelConfig, pos: positions_lib.BilevelPositions,
+                        key: jax.Array) -> positions_lib.BilevelPositions:
+  """`pos` [B, T] with the streams cfg's scheme reads drawn as ordered random subsets of
+  0..cfg.randomized_positions-1 from `key` (encodings/randomized.py; intra and sentence kept)."""
+  if context_parallel.active(pos.token.shape[1]):
+    raise ValueError('model.randomized_positions: not supported with a context mesh axis '
+                     '(each row draws its positions whole).')
+  return randomized.randomize_positions(pos, key, cfg.randomized_positions,
+                                        randomized.scheme_streams(cfg.scheme),
+                                        cfg.restart_at_documents)
 
 
 class Transformer(nn.Module):
@@ -578,10 +614,15 @@ class Transformer(nn.Module):
   def __call__(self, tokens_BxT: jax.Array, *,
                positions: Optional[positions_lib.BilevelPositions] = None,
                valid_BxT: Optional[jax.Array] = None,
-               decode: bool = False, return_hidden: bool = False) -> jax.Array:
+               decode: bool = False, return_hidden: bool = False,
+               positions_rng: Optional[jax.Array] = None) -> jax.Array:
     """Logits [B, T, V] float32; with `return_hidden`, the final-normed hidden states
     [B, T, D] (compute dtype) that the head params['lm_head']['kernel'] [D, V] maps to them,
-    for a loss that applies the head itself (training/chunked_loss.py)."""
+    for a loss that applies the head itself (training/chunked_loss.py).
+
+    `positions_rng`: a key; with model.randomized_positions = L > 0 the positions of a full
+    forward pass (not decode) are drawn from it (`randomize_positions`); None: the ordinary
+    positions (the train steps pass one; evaluation, docs/design.md)."""
     cfg, scheme = self.config, self.config.scheme
     if tokens_BxT.ndim != 2:
       raise ValueError(f'tokens must be [B, T], got shape {tokens_BxT.shape}.')
@@ -592,8 +633,12 @@ class Transformer(nn.Module):
     dtype = cfg.compute_dtype
 
     sides = self._decode_sides(tokens_BxT, positions, valid_BxT) if decode else None
+    randomize = (sides is None and bool(cfg.randomized_positions)
+                 and positions_rng is not None)
     if sides is None:
       pos = self.compute_positions(tokens_BxT, valid_BxT) if positions is None else positions
+      if randomize:  # the draw (docs/design.md: when, and from which key)
+        pos = randomize_positions(cfg, pos, positions_rng)
       index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
       q_side = k_side = Side.from_positions(pos, index)
       cache_index = jnp.zeros((), jnp.int32)
@@ -604,6 +649,8 @@ class Transformer(nn.Module):
       # (a bound the CPU path reads host tables up to); given positions or a decode cache may
       # hold any value.
       bound = t if sides is None and positions is None else None
+      if randomize:
+        bound = cfg.randomized_positions
       cos, sin = rotary_tables(cfg, q_side, bound)
       q_side = q_side.replace(rope_cos=cos, rope_sin=sin)
 
@@ -613,16 +660,7 @@ class Transformer(nn.Module):
                      name='embed')
     x = embed(tokens_BxT).astype(dtype)
     if scheme.input != 'none':
-      stream = q_side.stream(scheme.input_stream)
-      if scheme.input == 'sinusoidal':
-        x = x + absolute.sinusoidal_embedding(stream, cfg.hidden_size).astype(dtype)
-      elif scheme.uses_learned_intra:
-        x = x + absolute.LearnedPositionEmbedding(
-            cfg.max_intra, cfg.hidden_size, zero_last_row=cfg.intra_zero_last_row, dtype=dtype,
-            name='intra_embed')(stream)
-      else:
-        x = x + absolute.LearnedPositionEmbedding(
-            cfg.max_position, cfg.hidden_size, dtype=dtype, name='abs_embed')(stream)
+      x = x + input_positions(cfg, q_side)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
     # Padding keys are masked when the config has a pad id, a validity mask is given, or the
@@ -637,7 +675,8 @@ class Transformer(nn.Module):
       x, _ = stack(cfg, decode, mask_keys, name=SCANNED_LAYERS)(x, q_side, k_side, cache_index)
     else:
       layer_cls = remat_lib.remat_layer(DecoderLayer, cfg.remat, scanned=False)
-      nope_cfg = dataclasses.replace(cfg, position_encoding='nope', rope_fraction=1.0)
+      nope_cfg = dataclasses.replace(cfg, position_encoding='nope', rope_fraction=1.0,
+                                     fox_gate='learned')
       for i in range(cfg.num_layers):
         layer_cfg = nope_cfg if recipes.is_nope_layer(i, cfg.nope_every) else cfg
         x = layer_cls(layer_cfg, decode, mask_keys, name=f'layer_{i}')(x, q_side, k_side,

@@ -15,11 +15,14 @@ from typing import Any
 from bipe_jax import kernels
 from bipe_jax.attention import support
 
+TPU_LANES = 128  # the Pallas TPU kernel's tiles: multiples of the 128 lanes
+
 
 def config_for_mesh(model_config: Any, mesh) -> Any:
   """`model_config` (a dataclass with a `kernels` field, e.g. ModelConfig) with 'auto' resolved
   for the devices of `mesh`; explicit values are kept. A config that also has `attention_impl`
-  and `scheme` gets attention_impl='auto' resolved the same way."""
+  and `scheme` gets attention_impl='auto' resolved the same way (and, when that is the Pallas
+  TPU kernel, a block_size that is not a multiple of 128 rounded up to one: its tiles)."""
   platform = kernels.mesh_platform(mesh)
   changes = {}
   resolved = kernels.resolve_kernels(model_config.kernels, platform)
@@ -29,6 +32,10 @@ def config_for_mesh(model_config: Any, mesh) -> Any:
     changes['attention_impl'] = support.resolve_attention_impl(
         'auto', model_config.scheme, platform, getattr(model_config, 'dtype', 'float32'),
         getattr(model_config, 'causal', True))
+    block = getattr(model_config, 'block_size', None)
+    if changes['attention_impl'] == 'pallas' and block and block % TPU_LANES:
+      # Mosaic tiles: a multiple of 128 tokens (or the whole axis: pallas/bias_attention.py)
+      changes['block_size'] = -(-block // TPU_LANES) * TPU_LANES
   return dataclasses.replace(model_config, **changes) if changes else model_config
 
 

@@ -12,7 +12,8 @@ Position streams (bipe_jax.positions): token (0..T-1), intra (offset in the segm
              ('fox': data-dependent, 'fox_bias_only': data-independent; encodings/fox.py),
              gated at every token ('token') or only at segment starts ('inter': bilevel);
   transform  a function of (scores, bias) over all heads ('none' | 'dape_v1' | 'dape_v2'), or
-             of the scores and the queries ('cope': encodings/cope.py, dense only).
+             of the scores and the queries ('cope': encodings/cope.py, dense only);
+  fox_pro    FoX's Pro parts around the attention core (encodings/fox_pro.py).
 
 The model reads a `Scheme` and never branches on the name, so a new combination is one line here.
 """
@@ -44,6 +45,8 @@ class Scheme:
     transform: score transform ('none' | 'dape_v1' | 'dape_v2' | 'cope').
     alibi_slope_factor: slope multiplier used when `model.alibi_slope_factor` is 0 (96 for
       BiPE-ALiBi, as the official code; 1 for ALiBi).
+    fox_pro: FoX's Pro parts around the attention core (key / value shift, QK-norm, gated
+      output norm: encodings/fox_pro.py); only with a forget-gate bias.
   """
   name: str
   input: str = 'none'
@@ -53,6 +56,7 @@ class Scheme:
   bias_stream: str = 'token'
   transform: str = 'none'
   alibi_slope_factor: float = 1.0
+  fox_pro: bool = False
 
   def __post_init__(self):
     checks = (('input', self.input, INPUT_KINDS), ('input_stream', self.input_stream, STREAMS),
@@ -64,6 +68,8 @@ class Scheme:
         raise ValueError(f'Scheme {self.name!r}: {field}={value!r} is not one of {allowed}.')
     if self.transform.startswith('dape') and self.bias == 'none':
       raise ValueError(f'Scheme {self.name!r}: a DAPE transform needs a bias to adapt.')
+    if self.fox_pro and self.bias not in FOX_KINDS:
+      raise ValueError(f'Scheme {self.name!r}: the FoX Pro parts need a forget-gate bias.')
 
   @property
   def uses_learned_intra(self) -> bool:
@@ -110,6 +116,7 @@ _SCHEMES: Tuple[Scheme, ...] = (
     Scheme('t5', bias='t5'),
     Scheme('fox', bias='fox'),
     Scheme('fox_bias_only', bias='fox_bias_only'),
+    Scheme('fox_pro', bias='fox', fox_pro=True),  # the official Pro configuration
     Scheme('cope', transform='cope'),
     Scheme('dape_alibi', bias='alibi', transform='dape_v1'),
     Scheme('dape_kerple', bias='kerple', transform='dape_v1'),
@@ -121,6 +128,7 @@ _SCHEMES: Tuple[Scheme, ...] = (
     _bipe('bipe_fire', bias='fire', bias_stream='inter'),
     _bipe('bipe_fox', bias='fox', bias_stream='inter'),
     _bipe('bipe_fox_bias_only', bias='fox_bias_only', bias_stream='inter'),
+    _bipe('bipe_fox_pro', bias='fox', bias_stream='inter', fox_pro=True),
     _bipe('bipe_dape_kerple', bias='kerple', bias_stream='inter', transform='dape_v1'),
     _bipe('bipe3_rope', rotary='hierarchical'),  # hierarchical BiPE (docs/design.md)
 )

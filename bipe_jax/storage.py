@@ -1,19 +1,30 @@
-"""The one I/O layer of a run: every path it reads or writes, local or `gs://bucket/...` alike,
-goes through `etils.epath` here (Orbax writes the checkpoints themselves through tensorstore,
-array_record reads the datasets' record files natively; both take the same URLs).
+"""The one storage module of the library, at the bottom of its house (docs/layout.md): every file
+that a library function, a command line or a benchmark reads or writes, a local path or
+`gs://bucket/...` alike, goes through here, and this module imports nothing of bipe_jax. Only
+two kinds of file bypass it, each taking the same URLs itself: Orbax writes the checkpoints'
+arrays through tensorstore, and array_record reads the datasets' record files natively.
 
-What goes through here: the workdir's files (config.json, position_stats.json, metrics.jsonl,
-tokenizer.model, library logs, TensorBoard events), the listing and quarantine of its
-checkpoints, the data_dir (built datasets, their tokenizers and build reports), a text folder,
-the evaluation streams' tokenizer stamp, and exports. Local files are replaced atomically (a
-temporary file, then a rename); on an object store a single object write is already atomic.
+What goes through here: a workdir's files (config.json, position_stats.json, metrics.jsonl,
+tokenizer.model, library logs, TensorBoard events, the listing and quarantine of its
+checkpoints), the data_dir (built datasets, their tokenizers and build reports), text and
+Pile-format folders, SCROLLS jsonl files, and every result: JSON documents (`write_json`), plots
+(`save_figure`: a matplotlib figure rendered into a buffer, then written), CHE cells and grids,
+the visualize pictures, Hugging Face exports, benchmark records, logs appended in parts
+(`open_append`). Writes are whole or nothing: a local file is written to a temporary file, then
+renamed over the old one; on an object store a single object write is already atomic. Writers
+create the folders they need (on a bucket a folder is only a prefix of object names).
+A plain `open`, `os.makedirs` or `savefig(path)` on `gs://b/x` would write a local folder named
+`gs:` instead; tests/runs/test_outputs_in_bucket.py runs the writing command lines against a GCS
+emulator and fails if one appears.
 
 gs:// is served by gcsfs (pinned in requirements.txt). Its newest releases route the `gcs`
 protocol to an "extended" filesystem that first asks the Storage Control API over gRPC for the
 bucket's layout (zonal / hierarchical); against a server without that API (an emulator, a
 proxy) each bucket then waits for the gRPC timeout. This library needs none of those bucket
 kinds' extras, so `gs://` and `gcs://` are bound to gcsfs's plain JSON-API filesystem
-(`gcsfs.core.GCSFileSystem`) before first use.
+(`gcsfs.core.GCSFileSystem`) before first use, with bounded retries
+(`bipe_jax.storage_gcs.BoundedGCSFileSystem`: a bucket that does not answer is one line naming
+it and the endpoint, bipe_jax.storage_faults).
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from typing import IO
 from etils import epath
 import fsspec
 
-PLAIN_GCSFS = 'gcsfs.core.GCSFileSystem'
+PLAIN_GCSFS = 'bipe_jax.storage_gcs.BoundedGCSFileSystem'  # gcsfs.core.GCSFileSystem, bounded
 # gcsfs reads this when imported: its plain filesystem for `gcsfs.GCSFileSystem` too
 os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 for _protocol in ('gs', 'gcs'):
@@ -119,6 +130,12 @@ def read_bytes(path) -> bytes:
   return epath.Path(path).read_bytes()
 
 
+def open_read(path) -> IO[bytes]:
+  """`path` (a local file or an object) opened to read bytes as a stream: for files too large
+  to read whole (`read_bytes`)."""
+  return epath.Path(path).open('rb')
+
+
 def rmtree(path) -> None:
   epath.Path(path).rmtree()
 
@@ -157,9 +174,12 @@ class DamagedFileError(ValueError):
   """A run's file that exists but cannot be read (truncated, not JSON); one line naming it."""
 
 
-def read_json(path) -> dict | None:
+DAMAGED_REMEDY = 'restore it from a copy, or remove it'
+
+
+def read_json(path, *, remedy: str = DAMAGED_REMEDY) -> dict | None:
   """The JSON object in `path`, or None when there is no such file; DamagedFileError (one line
-  naming the file) when it is not valid JSON."""
+  naming the file and what to do: `remedy`) when it is not valid JSON."""
   p = epath.Path(path)
   if not p.is_file():
     return None
@@ -169,7 +189,7 @@ def read_json(path) -> dict | None:
     reason = (f'{e.msg} at line {e.lineno} column {e.colno}'
               if isinstance(e, json.JSONDecodeError) else str(e))
     raise DamagedFileError(f'{path} is not valid JSON ({reason}): the file is damaged or '
-                           'truncated; restore it from a copy, or remove it') from None
+                           f'truncated; {remedy}') from None
 
 
 def write_bytes_atomic(path, data: bytes) -> str:
@@ -194,9 +214,10 @@ def write_text_atomic(path, text: str) -> str:
   return write_bytes_atomic(path, text.encode('utf-8'))
 
 
-def write_json(path, document, *, indent: int = 2) -> str:
-  """`document` as JSON into `path` (`write_text_atomic`); returns the path."""
-  return write_text_atomic(path, json.dumps(document, indent=indent))
+def write_json(path, document, *, indent: int | None = 2, sort_keys: bool = False) -> str:
+  """`document` as JSON into `path` (`write_text_atomic`; indent None: one line); returns the
+  path."""
+  return write_text_atomic(path, json.dumps(document, indent=indent, sort_keys=sort_keys))
 
 
 def save_figure(fig, path, **savefig_kwargs) -> str:
@@ -321,6 +342,12 @@ class ChunkedAppender:
 
   def close(self) -> None:
     self.flush(force=True)
+
+  def __enter__(self) -> 'ChunkedAppender':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
 
 def open_append(path, **chunking) -> IO[str] | ChunkedAppender:

@@ -31,7 +31,6 @@ def get_config(encoding: str = 'bipe_rope'):
   m.separators = 'auto'  # the tokenizer's step separator '='
   m.restart_at_documents = True  # positions restart at every problem's <bos>
   m.mask_across_documents = True  # a problem never attends to the one packed before it
-  m.attention_impl = 'blockwise'
   m.block_size = 64
   d = config.data
   d.dataset = 'arithmetic'

@@ -34,7 +34,6 @@ def get_config(arg: str = 'bipe_rope'):
   m.max_intra = 1024  # segments (sentences) are far shorter than the rows
   m.max_position = seq_len
   m.separators = 'auto'
-  m.attention_impl = 'blockwise'  # [B, H, T, T] scores never exist whole
   m.block_size = 512
   m.dtype = 'bfloat16'  # compute; parameters and optimizer state stay float32
   m.scan_layers = True

@@ -39,8 +39,8 @@ What differs:
 - data order: grain's shuffled, packed rows (the official code draws 1024-token chunks with the
   HF Trainer's random sampler): the same kind of mixture, not the same batches;
 - layers scanned and remat 'full' (memory only; the numbers are the same): at 256 x 1024 on a
-  v5e-8 the float32 step needs 27.9 GiB per chip without remat, 19.6 GiB saving the
-  projections, 8.1 GiB with full remat, of 16 GiB (train/compile.py, docs/accelerators.md).
+  v5e-8 the float32 step needs 37.8 GiB per chip without remat, 18.2 GiB saving the
+  projections, 7.4 GiB with full remat, of 16 GiB (train/compile.py, docs/accelerators.md).
 """
 
 from configs import base

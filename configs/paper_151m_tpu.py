@@ -7,14 +7,15 @@ docs/accelerators.md, docs/tpu.md):
 - bfloat16 compute, float32 parameters and optimizer state (`model.dtype='bfloat16'`: the
   master weights, Adam moments and gradient reduction stay float32).
 - `model.remat='save_projections'`: at 256 x 1024 (32 rows per chip) the bfloat16 step compiles
-  to 12.76 of 16 GiB per v5e chip saving the projections' outputs, and needs 25 GiB without
-  remat (refused); full remat fits with more room but recomputes every layer's matmuls.
+  to 12.79 of 16 GiB per v5e chip saving the projections' outputs, and needs about 25 GiB
+  without remat (refused); full remat fits with more room but recomputes every layer's matmuls.
 - loss in chunks of 4096 positions per batch shard (`train.loss_chunk_tokens`): one chunk's
   float32 logits are 4096 x 32000 x 4 B = 0.5 GiB, 8 chunks per step on a chip's 32 x 1024.
 - `data.num_threads=32`: the pipeline tokenised about 250k tokens/s with 2 threads on the
-  project's 2-core CPU (core-bound there); a v5e-8 consumes about 0.5-0.7M tokens/s (the
-  predicted step of train/compile.py), and its host has 224 vCPUs (v5litepod-8; 112 per host on
-  the 4-chip hosts of larger slices), so 32 threads leave a wide margin; `data.prefetch=4`.
+  project's 2-core CPU (core-bound there); train/compile.py predicts that a v5e-8 consumes
+  about 366k tokens/s (45.7k per chip: an estimate of XLA's TPU cost model, docs/accelerators.md),
+  and its host has 224 vCPUs (v5litepod-8; 112 per host on the 4-chip hosts of larger slices), so
+  32 threads leave a wide margin; `data.prefetch=4`.
 Everything else, and what it reproduces of the paper, is paper_151m.py's (see its docstring).
 """
 

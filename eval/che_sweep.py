@@ -21,6 +21,8 @@ from bipe_jax.che import flags as che_flags  # pylint: disable=g-import-not-at-t
 _TASKS = flags.DEFINE_list('tasks', ['parity_check', 'reverse_string'], 'CHE tasks.')
 _ENCODINGS = flags.DEFINE_list('encodings', ['rope', 'kerple', 'dape_kerple'], 'Encodings.')
 che_flags.define_common()
+# --help lists the common flags too (absl lists only a program's own flags by default)
+flags.adopt_module_key_flags(che_flags)
 
 
 def main(argv):

@@ -19,6 +19,7 @@ if ROOT not in sys.path:
 from bipe_jax import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from bipe_jax import storage  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bipe_jax.evaluation import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _D = demo.DemoPlan()
@@ -53,8 +54,8 @@ def main(argv):
         steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value,
         multipliers=demo.parse_ints(_MULTIPLIERS.value, 'multipliers'),
         max_tokens=_MAX_TOKENS.value, parallel=_PARALLEL.value,
-        cpu_devices=_CPU_DEVICES.value, data_dir=os.path.abspath(_DATA_DIR.value),
-        output_dir=os.path.abspath(_OUTPUT_DIR.value),
+        cpu_devices=_CPU_DEVICES.value, data_dir=storage.absolute(_DATA_DIR.value),
+        output_dir=storage.absolute(_OUTPUT_DIR.value),
         extra_protocols=demo.parse_names(_EXTRA_PROTOCOLS.value))
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)

@@ -30,6 +30,9 @@ _DATASET = flags.DEFINE_string('dataset', '', "Evaluate on this data.dataset ins
 _DATA_DIR = flags.DEFINE_string('data_dir', '', "data.data_dir override.")
 _PILE_SUBSET = flags.DEFINE_string('pile_subset', '', 'dataset=pile: the validation split of '
                                    'this subset alone (pg19, arxiv, github, or a pile_set_name).')
+_PILE_DIR = flags.DEFINE_string('pile_dir', '', "dataset=pile: the folder of the Pile's "
+                                '.jsonl(.zst) files, local or gs:// (data.pile_dir override; '
+                                "default the run's).")
 _PROTOCOL = flags.DEFINE_string('protocol', 'windows',
                                 'windows (= blocks): non-overlapping, every target (official); '
                                 'last:K: only the last K targets of each window; '
@@ -58,7 +61,8 @@ def main(argv):
   from bipe_jax.evaluation import cli as eval_cli  # pylint: disable=g-import-not-at-top
   return eval_cli.perplexity_main(
       workdirs=_WORKDIR.value, lengths=_LENGTHS.value, step=_STEP.value, dataset=_DATASET.value,
-      data_dir=_DATA_DIR.value, pile_subset=_PILE_SUBSET.value, protocol=_PROTOCOL.value, stride=_STRIDE.value,
+      data_dir=_DATA_DIR.value, pile_subset=_PILE_SUBSET.value,
+      pile_dir=_PILE_DIR.value, protocol=_PROTOCOL.value, stride=_STRIDE.value,
       max_tokens=_MAX_TOKENS.value, tokens_per_batch=_TOKENS_PER_BATCH.value,
       attention_impl=_ATTENTION.value, block_size=_BLOCK_SIZE.value, output=_OUTPUT.value,
       plot=_PLOT.value, per_position=_PER_POSITION.value,

@@ -23,8 +23,9 @@ with the request's XLA_FLAGS (the device count, the suite's fast-compile flags),
 when the backend starts, not at import. A request whose environment differs from the server's
 in a variable read at import or process start (`_STARTUP_PREFIXES`: JAX_*, PYTHON*, LD_*, glibc
 malloc, thread-pool sizes) runs as a plain subprocess, as does anything that is not a
-Python command. Tests that signal, kill or run several processes at once use subprocess.Popen
-directly. `python -m tests.forkserver` is the server's own entry point.
+Python command. What bipe_jax.storage does with STORAGE_EMULATOR_HOST when imported (point
+the other GCS clients at the emulator) the child does again with the request's environment.
+Tests that signal, kill or run several processes at once use subprocess.Popen directly. `python -m tests.forkserver` is the server's own entry point.
 """
 
 import atexit
@@ -68,6 +69,9 @@ def _child(request: dict, base_path: list) -> int:
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   os.environ.clear()
   os.environ.update(request['env'])
+  storage = sys.modules.get('bipe_jax.storage')  # follows STORAGE_EMULATOR_HOST when imported:
+  if storage is not None:  # again, as the import would have in the request's environment
+    storage.follow_storage_emulator()
   os.chdir(request['cwd'])
   how, argv = request['argv'][1], request['argv'][1:]
   extra = [p for p in request['env'].get('PYTHONPATH', '').split(os.pathsep) if p]

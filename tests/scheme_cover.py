@@ -14,7 +14,8 @@ from bipe_jax import schemes
 def _hook_values(scheme: schemes.Scheme) -> set:
   return {('input', scheme.input, scheme.input_stream), ('rotary', scheme.rotary),
           ('bias', scheme.bias), ('transform', scheme.transform),
-          ('bias_stream', scheme.bias_stream if scheme.bias != 'none' else '')}
+          ('bias_stream', scheme.bias_stream if scheme.bias != 'none' else ''),
+          ('fox_pro', scheme.fox_pro)}
 
 
 def hook_cover(names=schemes.SCHEME_NAMES) -> tuple:

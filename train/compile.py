@@ -28,10 +28,11 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,w
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py).',
                                           lock_config=True)
-_TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x4',
-                                'TPU topology: v5e:2x4, v4:2x2x1, v5p:2x2x1, v6e:2x2, ...; with '
-                                '--platform=cuda GPU:COUNT or GPU:HOSTSxCOUNT: h100:8, h200:2x8, '
-                                'a100:8, or local (this host\'s own GPUs)')
+_TOPOLOGY = flags.DEFINE_string('topology', '',
+                                'TPU topology: v5e:2x4 (the default on --platform=tpu), v4:2x2x1, '
+                                'v5p:2x2x1, v6e:2x2, ...; with --platform=cuda (no default there) '
+                                'GPU:COUNT or GPU:HOSTSxCOUNT: h100:8, h200:2x8, a100:8, or local '
+                                '(this host\'s own GPUs)')
 _PLATFORM = flags.DEFINE_enum('platform', 'tpu', ['tpu', 'cuda'],
                               'Compile for TPU topologies (libtpu) or CUDA GPUs (the CUDA plugin).')
 _NUM_SLICES = flags.DEFINE_integer('num_slices', 1, 'Number of slices of that topology '

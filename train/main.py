@@ -41,9 +41,10 @@ def main(argv):
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   from bipe_jax.training import cli as train_cli  # pylint: disable=g-import-not-at-top
-  sys.exit(train_cli.run(_CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
-                         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-                         library_log=not flags.FLAGS['verbosity'].present))
+  train_cli.end_process(train_cli.run(
+      _CONFIG.value, _WORKDIR.value, coordinator_address=_COORDINATOR.value,
+      num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+      library_log=not flags.FLAGS['verbosity'].present))
 
 
 if __name__ == '__main__':

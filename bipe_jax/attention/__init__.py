@@ -9,6 +9,8 @@ Members:
   flash.py             blockwise attention's linear-memory (flash-style) backward pass
   pallas/              Pallas kernels computing ALiBi / Kerple / T5 biases per tile
   context_parallel.py  the sequence sharded over mesh.context (global positions, gathered K/V)
+  op.py                AttentionOp: the model layer's one call (the scheme's bias / transform
+                       terms in, each implementation's arguments formed, the sharded path)
 
 `from bipe_jax import attention` keeps the names of core.py (dense_attention, ...) and
 AttentionMask.

@@ -35,6 +35,10 @@ gradient into an explicit argument of the custom VJP, so the public callback sig
 as they are and the gradients of ALiBi-free biases (Kerple p / a, FIRE's MLP, T5's table,
 DAPE's weights) flow through the recomputed blocks.
 
+Costing. Inside `loop_unroll.unrolled()` (the TPU cost model's programs,
+compile/step_cost.py) the three scans are traced fully unrolled, so every block is costed;
+training traces them as loops.
+
 Float streams. Leaves of q_streams / k_streams with a floating dtype (FoX's cumulative log
 forget gates c [B, T, H], encodings/fox.py) are activations: they travel as a differentiable
 argument of the custom VJP, sliced per block like the integer streams, and their cotangents
@@ -50,6 +54,7 @@ import jax.numpy as jnp
 from bipe_jax.attention import blocks
 from bipe_jax.attention.mask import AttentionMask
 from bipe_jax.kernels.gqa_products import NEG_INF
+from bipe_jax import loop_unroll
 
 _F32 = jnp.float32
 
@@ -189,7 +194,7 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask:
         needed = needed & (block_prune[1](qs['streams'], ks['streams']) >= threshold)
       return jax.lax.cond(needed, lambda c: step(c, j, ks), lambda c: c, carry), None
 
-    return jax.lax.scan(body, carry, jnp.arange(nkb))[0]
+    return jax.lax.scan(body, carry, jnp.arange(nkb), unroll=loop_unroll.scan_unroll())[0]
 
   threshold_of = lambda q_p, k_p: None if block_prune is None else block_prune[0](q_p, k_p)
 
@@ -221,7 +226,8 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask:
       lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
       return None, (out.astype(q_p.dtype), lse)
 
-    _, (out_N, lse_N) = jax.lax.scan(query_step, None, jnp.arange(nqb))
+    _, (out_N, lse_N) = jax.lax.scan(query_step, None, jnp.arange(nqb),
+                                     unroll=loop_unroll.scan_unroll())
     unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(b, h, nqb * bq, x.shape[-1])
     return unblock(out_N), unblock(lse_N)
 
@@ -266,8 +272,8 @@ def flash_blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask:
 
     init = (jnp.zeros(k_p.shape, _F32), jnp.zeros(v_p.shape, _F32),
             jax.tree.map(jnp.zeros_like, params), [jnp.zeros(x.shape, _F32) for x in fs['k']])
-    (d_k, d_v, d_params, d_k_fl), (d_q_N, d_q_fl_N) = jax.lax.scan(query_step, init,
-                                                                  jnp.arange(nqb))
+    (d_k, d_v, d_params, d_k_fl), (d_q_N, d_q_fl_N) = jax.lax.scan(
+        query_step, init, jnp.arange(nqb), unroll=loop_unroll.scan_unroll())
     d_q = jnp.moveaxis(d_q_N, 0, 2).reshape(q_p.shape)
     # [nqb, B, bq, ...] -> [B, nqb * bq, ...]
     unblock_fl = lambda x, like: jnp.moveaxis(x, 0, 1).reshape(like.shape).astype(like.dtype)

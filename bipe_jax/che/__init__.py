@@ -6,8 +6,10 @@ subset) up to 500.
 
   segments.py   BiPE's segments on the tasks (none | task | fixed:K) -> position streams
   batches.py    task batches -> padded model inputs (one padded shape per bucket of lengths)
-  model.py      the benchmark's model (5 layers x width 64) as a ModelConfig; logits at outputs
-  training.py   the train loop (uniform curriculum, Adam)
+  model.py      the benchmark's model (5 layers x width 64) as a ModelConfig, either block
+                (--architecture: 'project' | 'peer'); logits at outputs
+  peer.py       the benchmark's own block: post-LayerNorm, ReLU MLP, dropout 0.1, biases
+  training.py   the train loop (uniform curriculum, Adam; batches padded to buckets of 32 tokens)
   scoring.py    per-length accuracy with bucketed padding; the score (mean over 41..500)
   cell.py       train + score one (task, encoding, seed) and write its JSON / plot
   sweep.py      a grid of cells, resumable; the table

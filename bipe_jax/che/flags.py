@@ -10,10 +10,12 @@ from absl import flags
 from bipe_jax import cli
 from bipe_jax import schemes
 from bipe_jax.che import cell as cell_lib
+from bipe_jax.che import model as che_model
 from bipe_jax.che import scoring
 from bipe_jax.che import segments
 from bipe_jax.che import sweep
 from bipe_jax.che import training
+from bipe_jax.encodings import randomized
 from bipe_jax.tasks import che as tasks
 
 FLAGS = flags.FLAGS
@@ -29,6 +31,13 @@ def define_common() -> None:
                       "Scored lengths: 'A-B[:STEP],N,...' (the benchmark: 1-500).")
   flags.DEFINE_integer('eval_samples', p.samples, 'Rows scored per length.')
   flags.DEFINE_integer('bucket', p.bucket, 'Rows are padded to a multiple of this many tokens.')
+  flags.DEFINE_integer('randomized_positions', 0, 'L > 0: randomized positions (Ruoss et al. '
+                       '2023; the benchmark: 2048), each row an ordered random subset of '
+                       '0..L-1, in training and scoring; 0 = off.')
+  flags.DEFINE_string('architecture', 'project',
+                      "The encoder block: 'project' (this project's: pre-RMSNorm, SwiGLU, no "
+                      "dropout) or 'peer' (the benchmark's: post-LayerNorm, ReLU MLP, dropout "
+                      "0.1, embeddings x sqrt(D), biased MLP and head; bipe_jax/che/peer.py).")
   flags.DEFINE_string('segmentation', 'task',
                       "BiPE's segments on CHE: none | task | fixed:K (bipe_jax/che/segments.py).")
   flags.DEFINE_string('output_dir', 'che_out', 'Where cells, results.json, table.md, PNGs go.')
@@ -68,9 +77,18 @@ def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> in
     segments.parse(FLAGS.segmentation)
     scoring.parse_lengths(FLAGS.eval_lengths)
     shard = parse_shard(FLAGS.shard)
+    che_model.check_architecture(FLAGS.architecture)
     for name in ('steps', 'batch_size', 'eval_samples', 'bucket'):
       if getattr(FLAGS, name) < 1:
         raise ValueError(f'--{name}={getattr(FLAGS, name)} must be >= 1.')
+    if FLAGS.randomized_positions < 0:
+      raise ValueError(f'--randomized_positions={FLAGS.randomized_positions} must be >= 0 '
+                       '(0 = off).')
+    if FLAGS.randomized_positions:
+      for e in encodings:
+        if why := randomized.refusal(schemes.get_scheme(e)):
+          raise ValueError(f'--randomized_positions={FLAGS.randomized_positions} with '
+                           f'--encoding={e}: {why}.')
   except ValueError as e:
     cli.fail(str(e))
   budget = training.Budget(steps=FLAGS.steps, batch_size=FLAGS.batch_size,
@@ -81,12 +99,14 @@ def run(task_names: Sequence[str], encodings: Sequence[str], command: str) -> in
     summary = sweep.run_grid(task_names, encodings, seeds, budget, plan, FLAGS.output_dir,
                              segmentation=FLAGS.segmentation, command=command, shard=shard,
                              queue_dir=FLAGS.queue_dir or None,
-                             train_missing=not FLAGS.assemble_only)
+                             train_missing=not FLAGS.assemble_only,
+                             randomized_positions=FLAGS.randomized_positions,
+                             architecture=FLAGS.architecture)
   except ValueError as e:
     cli.fail(str(e))
   print(f'\nCHE score x 100 (mean accuracy over {summary["scored_lengths"]}; trained on 1..40; '
         f'{budget.steps} steps, batch {budget.batch_size}, lr {budget.learning_rate}; '
-        f'BiPE segments: {FLAGS.segmentation}):')
+        f'BiPE segments: {FLAGS.segmentation}; block: {FLAGS.architecture}):')
   print(summary['table'])
   split = shard or FLAGS.queue_dir
   written = 'cells/ of this process' if split else 'results.json, table.md, TASK.png'

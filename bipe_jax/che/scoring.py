@@ -48,18 +48,20 @@ def _round_up(n: int, bucket: int) -> int:
   return int(math.ceil(n / bucket) * bucket)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=64)
 def _predict(module, output_size: int):
   """jitted (params, batch) -> argmax outputs [N, O]; cached per model (its programs are
   reused by the next seed's scoring)."""
-  return jax.jit(lambda p, b: jnp.argmax(che_model.output_logits(module, p, b, output_size), -1))
+  return jax.jit(lambda p, b, key: jnp.argmax(
+      che_model.output_logits(module, p, b, output_size, positions_rng=key), -1))
 
 
 def per_length_accuracy(task: Task, module, params, lengths: Sequence[int], *, samples: int,
                         seed: int, segmentation: str, bucket: int = 64,
                         rows_per_call: int = 32) -> dict:
   """{length: accuracy}. Each length's rows come from np.random.default_rng([seed, length]),
-  so they do not depend on the bucketing or on the other lengths."""
+  so they do not depend on the bucketing or on the other lengths (randomized positions, when
+  the model has them, do: their key is the call's)."""
   predict = _predict(module, task.output_size)
   groups = {}
   for n in lengths:
@@ -81,7 +83,10 @@ def per_length_accuracy(task: Task, module, params, lengths: Sequence[int], *, s
       if real < rows_per_call:  # pad with empty rows: one program per bucket
         chunk = {k: np.concatenate([v, np.zeros((rows_per_call - real,) + v.shape[1:], v.dtype)])
                  for k, v in chunk.items()}
-      pred = np.asarray(predict(params, chunk))[:real]
+      # randomized positions (when the model has them), drawn as in training (the benchmark
+      # draws them at evaluation too), from a key fixed by (seed, bucket, first row)
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), pad_to), start)
+      pred = np.asarray(predict(params, chunk, key))[:real]
       ok = (pred == chunk['targets'][:real]) & chunk['acc_mask'][:real]
       for n in np.unique(owners[start:start + real]):
         rows_n = owners[start:start + real] == n

@@ -22,25 +22,29 @@ A last run without either, once every cell exists, writes results.json, table.md
 """
 
 import dataclasses
-import json
 import os
 import time
 from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
+from bipe_jax import storage
 from bipe_jax.che import cell as cell_lib
 from bipe_jax.che import training
 
 
 def cell_path(output_dir: str, task: str, encoding: str, seed: int) -> str:
-  return os.path.join(output_dir, 'cells', f'{task}__{encoding}__seed{seed}.json')
+  return storage.join(output_dir, 'cells', f'{task}__{encoding}__seed{seed}.json')
 
 
-def _check_same_setup(path: str, done: dict, budget, plan, segmentation: str) -> None:
+def _check_same_setup(path: str, done: dict, budget, plan, segmentation: str,
+                      randomized_positions: int = 0, architecture: str = 'project') -> None:
   want = dict(budget=dataclasses.asdict(budget), eval=dataclasses.asdict(plan),
-              segmentation=cell_lib.segmentation_of(done['encoding'], segmentation))
+              segmentation=cell_lib.segmentation_of(done['encoding'], segmentation),
+              randomized_positions=randomized_positions, architecture=architecture)
   got = {k: done.get(k) for k in want}
+  got['randomized_positions'] = done.get('randomized_positions', 0)  # cells before the option
+  got['architecture'] = done.get('architecture', 'project')  # cells before the option
   if got != want:
     raise ValueError(f'{path}: this finished cell has {got}, but the run asks for {want}; '
                      f'use another output_dir or the same settings.')
@@ -86,13 +90,17 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
              segmentation: str = 'task', command: str = '',
              say: Optional[Callable[[str], None]] = None,
              shard: Optional[Tuple[int, int]] = None, queue_dir: Optional[str] = None,
-             train_missing: bool = True) -> dict:
+             train_missing: bool = True, randomized_positions: int = 0,
+             architecture: str = 'project') -> dict:
   """Runs the missing cells; returns the summary also written to results.json (with a shard or
   a queue: only its cells' table, nothing written but the cells). `train_missing=False`: the
   summary of the finished cells only (a grid still running elsewhere), nothing trained."""
   say = say or print
   if shard is not None and queue_dir is not None:
     raise ValueError('--shard and --queue_dir split a grid two ways; give one of them.')
+  if queue_dir is not None and not storage.is_local(queue_dir):
+    raise ValueError(f'--queue_dir={queue_dir}: a claim is a directory made atomically, which '
+                     'an object store has not; give a local or shared file system folder')
   split = shard is not None or queue_dir is not None
   cells, missing = [], 0
   total = len(tasks) * len(encodings) * len(seeds)
@@ -105,10 +113,10 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
   mine = {}  # (task, encoding) -> whether this process holds its claim (queue_dir only)
   for seed, t, e in order:
     path = cell_path(output_dir, t, e, seed)
-    if os.path.exists(path):
-      with open(path) as f:
-        done = json.load(f)
-      _check_same_setup(path, done, budget, plan, segmentation)
+    done = storage.read_json(path)
+    if done is not None:
+      _check_same_setup(path, done, budget, plan, segmentation, randomized_positions,
+                        architecture)
       cells.append(done)
       continue
     if not train_missing:
@@ -122,7 +130,8 @@ def run_grid(tasks: Sequence[str], encodings: Sequence[str], seeds: Sequence[int
     say(f'[{len(cells) + 1}/{total}] {t} {e} seed {seed}')
     start = time.perf_counter()
     result = cell_lib.run_cell(t, e, seed, budget, plan, segmentation=segmentation,
-                               progress=say)
+                               randomized_positions=randomized_positions,
+                               architecture=architecture, progress=say)
     result['command'] = command
     cell_lib.write_json(path, result)
     cells.append(result)
@@ -145,12 +154,11 @@ def _write_summary(output_dir, cells, tasks, encodings, budget, plan, segmentati
                  eval=dataclasses.asdict(plan), bipe_segmentation=segmentation,
                  scored_lengths=cells[0]['scored_lengths'] if cells else '',
                  table=text, cells=cells)
-  cell_lib.write_json(os.path.join(output_dir, 'results.json'), summary)
-  with open(os.path.join(output_dir, 'table.md'), 'w') as f:
-    f.write(text + '\n')
+  cell_lib.write_json(storage.join(output_dir, 'results.json'), summary)
+  storage.write_text_atomic(storage.join(output_dir, 'table.md'), text + '\n')
   for t in tasks:
     curves = mean_curves(cells, t)
     if curves:
-      cell_lib.plot_accuracy(os.path.join(output_dir, f'{t}.png'), curves,
+      cell_lib.plot_accuracy(storage.join(output_dir, f'{t}.png'), curves,
                              f'{t}: accuracy against length (mean over seeds)')
   return summary

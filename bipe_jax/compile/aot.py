@@ -170,7 +170,7 @@ def compile_setup(setup: setup_lib.Setup, topology: str, *, num_slices: int = 1,
       num_devices=len(devices), mesh=dict(mesh.shape), hbm_bytes=hbm_bytes(device.device_kind),
       param_bytes=hlo_stats.shard_bytes(abstract.params, shardings.params),
       optimizer_bytes=hlo_stats.shard_bytes(abstract.opt_state, shardings.opt_state),
-      steps=steps, config_summary=_summary(config))
+      steps=steps, config_summary=_summary(config, setup.model))
 
 
 def lower_for_cuda(config, topology: str, *, eval_lengths: Sequence[int] = (),
@@ -225,12 +225,16 @@ def _compile_eval(model, mesh, param_args, length: int, batch_size: int,
                   lowering_platform=lowering_platform)
 
 
-def _summary(config) -> dict:
+def _summary(config, model=None) -> dict:
+  """The settings that decide memory; attention_impl as `model` (resolved for the mesh:
+  platform_choices.py) runs it."""
   m, t = config.model, config.train
+  chosen = getattr(model, 'config', m)
   return {
       'position_encoding': m.position_encoding, 'num_layers': int(m.num_layers),
       'hidden_size': int(m.hidden_size), 'dtype': m.dtype, 'remat': m.remat,
-      'scan_layers': bool(m.scan_layers), 'attention_impl': m.attention_impl,
+      'scan_layers': bool(m.scan_layers),
+      'attention_impl': getattr(chosen, 'attention_impl', m.attention_impl),
       'kernels': m.kernels,
       'batch_size': int(t.batch_size), 'seq_len': int(config.data.seq_len),
       'grad_accum_steps': int(t.grad_accum_steps),

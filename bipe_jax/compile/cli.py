@@ -22,6 +22,20 @@ from bipe_jax.compile.topologies import CompileError
 from bipe_jax import run_config
 
 LOWERED_ONLY = 3
+DEFAULT_TPU_TOPOLOGY = 'v5e:2x4'  # --topology when none is given on --platform=tpu
+GPU_TOPOLOGY_EXAMPLES = 'h100:8, h200:2x8, a100:8, or local (this host\'s own GPUs)'
+
+
+def resolve_topology(topology: str, platform: str) -> str:
+  """The topology to compile for: `topology` as given, else (TPU) DEFAULT_TPU_TOPOLOGY. A GPU
+  platform has no default: a TPU slice's name means nothing there, so a CompileError asks for
+  --topology (one line)."""
+  if topology:
+    return topology
+  if platform == 'tpu':
+    return DEFAULT_TPU_TOPOLOGY
+  raise CompileError(f'--platform={platform} needs --topology=GPU:COUNT or GPU:HOSTSxCOUNT '
+                     f'(e.g. {GPU_TOPOLOGY_EXAMPLES})')
 
 
 def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_batch_size: int = 0,
@@ -36,6 +50,11 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
   if num_slices < 1 or any(n < 2 for n in lengths):
     print(f'error: --num_slices={num_slices} must be >= 1 and --eval_lengths >= 2',
           file=sys.stderr)
+    return 2
+  try:
+    topology = resolve_topology(topology, platform)
+  except CompileError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   lower_only = gpu_targets.lower_only_reason() if platform == 'cuda' else None
   try:
@@ -67,7 +86,8 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
   record = report.to_json()
   if predict and record['fits'] and platform == 'tpu':
     try:
-      prediction = step_cost.predict(config, topology, devices, num_slices=num_slices)
+      prediction = step_cost.predict(config, topology, devices, num_slices=num_slices,
+                                     progress=lambda line: print(line, flush=True))
     except (step_cost.CostingError, CompileError) as e:
       print(f'no prediction: {e}', flush=True)
     else:

@@ -113,7 +113,7 @@ def format_report(report: CompileReport) -> str:
       f'{report.hbm_bytes / GIB:.0f} GiB HBM per chip; mesh {mesh}',
       f'{s["position_encoding"]}, {s["num_layers"]} layers x {s["hidden_size"]}, '
       f'batch {s["batch_size"]} x {s["seq_len"]}, dtype {s["dtype"]}, remat {s["remat"]}, '
-      f'scan_layers {s["scan_layers"]}',
+      f'scan_layers {s["scan_layers"]}, attention {s["attention_impl"]}',
       '',
       f'per chip                      {"".join(f"{st.name:>16}" for st in report.steps)}',
   ]

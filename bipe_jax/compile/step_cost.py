@@ -12,13 +12,19 @@ programs, the step of the same config with
         rest + L * per_layer,   per_layer = c(2) - c(1),   rest = c(1) - per_layer = 2 c(1) - c(2)
     (`scale_by_layers`), where `rest` is everything outside the layers (embedding, loss and its
     gradient, optimizer update, gradient all-reduce);
-  - the chunked loss's scan unrolled (training/loop_unroll.py), so every chunk is costed;
+  - the chunked loss's scan unrolled (bipe_jax/loop_unroll.py), so every chunk is costed;
   - one micro-batch (`batch_size / grad_accum_steps`, no accumulation loop): the step costs
     `grad_accum_steps` micro-steps (the optimizer update is then counted that many times: a
     slight over-estimate);
-  - attention in one block (`block_size >= seq_len`): the dense masked form, which computes
-    every key block where blockwise attention skips those above the diagonal (an over-estimate
-    of the attention's share, small at 1024 tokens, large for long rows).
+  - attention on the step's own path: the Pallas kernels, costed by their estimates; blockwise
+    attention in one block (`block_size >= seq_len`: the dense masked form, which computes
+    every key block where blockwise attention skips those above the diagonal, an over-estimate
+    of the attention's share, small at 1024 tokens, large for long rows). When that one-block
+    program does not fit (DAPE's [T, T] MLP inputs at the paper's shape), blockwise attention is
+    costed in the step's own blocks with its scans unrolled (attention/flash.py), which fits
+    wherever the step does; a skipped key block is a `lax.cond` there, costed as its computing
+    branch (at 256 tokens in blocks of 64 the attention was costed 3.5x one dense block), and
+    the prediction says so.
 
 `while_loops` says how many loops the costing programs still hold (0 for the presets: each
 would be counted once, making the prediction a lower bound). A Pallas kernel is costed only
@@ -27,12 +33,17 @@ through the `pl.CostEstimate` its pallas_call gives (bipe_jax/attention/pallas/)
 
 import contextlib
 import dataclasses
+import time
+from typing import Callable, Optional
 
+from bipe_jax import schemes
+from bipe_jax.attention import support as attention_support
 from bipe_jax.compile import aot
 from bipe_jax.training import flops as flops_lib
-from bipe_jax.training import loop_unroll
+from bipe_jax import loop_unroll
 
 COSTING_LAYERS = (1, 2)
+_now = time.monotonic  # the progress lines' clock
 LABEL = 'XLA TPU cost model estimate, not a measurement'
 
 
@@ -58,6 +69,8 @@ class StepPrediction:
   model_flops_per_chip: float  # training/flops.py's model FLOPs per step, per chip
   peak_flops: float  # per chip (0 = unknown: no MFU)
   train_steps: int  # the preset's train.steps
+  # blockwise attention costed 'in one block' or 'in its own blocks' ('' for the other paths)
+  attention_costing: str = ''
 
   @property
   def rest_seconds(self) -> float:
@@ -105,17 +118,25 @@ class StepPrediction:
     return out
 
 
-def costing_config(config, num_layers: int):
+def runs_blockwise_on_tpu(config) -> bool:
+  """True when the config's attention is blockwise on a TPU ('auto' resolved for its scheme)."""
+  m = config.model
+  impl = attention_support.resolve_attention_impl(
+      str(m.attention_impl), schemes.get_scheme(str(m.position_encoding)), 'tpu', str(m.dtype),
+      bool(m.get('causal', True)))
+  return impl == 'blockwise'
+
+
+def costing_config(config, num_layers: int, *, one_block: bool = False):
   """`config` made loop-free for the cost model (see the module docstring), with `num_layers`
-  unrolled layers."""
+  unrolled layers; `one_block`: blockwise attention in one block of the whole row."""
   c = config.copy_and_resolve_references()
   with c.unlocked() if hasattr(c, 'unlocked') else contextlib.nullcontext():
     m, t = c.model, c.train
     m.num_layers = int(num_layers)
     m.scan_layers = False
-    seq_len = int(c.data.seq_len)
-    if m.attention_impl == 'blockwise':
-      m.block_size = max(int(m.block_size), seq_len)
+    if one_block and runs_blockwise_on_tpu(c):
+      m.block_size = max(int(m.block_size), int(c.data.seq_len))
     accum = int(t.grad_accum_steps)
     t.batch_size = int(t.batch_size) // accum
     t.grad_accum_steps = 1
@@ -126,15 +147,34 @@ class CostingError(ValueError):
   """The costing programs gave no prediction; the message is one line."""
 
 
-def predict(config, topology: str, devices: list, *, num_slices: int = 1) -> StepPrediction:
+def predict(config, topology: str, devices: list, *, num_slices: int = 1,
+            progress: Optional[Callable[[str], None]] = None) -> StepPrediction:
   """Compiles the two costing programs of `config` for `devices` and scales them (one line
-  CostingError when the TPU compiler gives no cost or refuses a program)."""
+  CostingError when the TPU compiler gives no cost or refuses a program). `progress(line)`
+  hears which program is being compiled and the time so far, before and after each."""
   seconds, xla_flops, loops = [], [], 0
-  for layers in COSTING_LAYERS:
+  start = _now()
+  say = progress or (lambda line: None)
+  one_block = runs_blockwise_on_tpu(config)  # first the one-block form (module docstring)
+  n = 0
+  while n < len(COSTING_LAYERS):
+    layers = COSTING_LAYERS[n]
+    n += 1
+    say(f'predicting: compiling costing program {n} of {len(COSTING_LAYERS)} ({layers} '
+        f'unrolled layer{"s" if layers > 1 else ""}'
+        f'{", attention in one block" if one_block else ""}); {_now() - start:.0f} s so far')
+    began = _now()
     with loop_unroll.unrolled():
-      report = aot.compile_for_topology(costing_config(config, layers), topology,
-                                        num_slices=num_slices, devices=devices)
+      report = aot.compile_for_topology(costing_config(config, layers, one_block=one_block),
+                                        topology, num_slices=num_slices, devices=devices)
+    say(f'predicting: costing program {n} of {len(COSTING_LAYERS)} compiled in '
+        f'{_now() - began:.0f} s; {_now() - start:.0f} s so far')
     step = report.steps[0]
+    if step.out_of_memory and one_block:  # again in the step's own blocks, from the start
+      say('predicting: attention in one block does not fit; costing the step\'s own blocks')
+      one_block, n = False, 0
+      seconds, xla_flops, loops = [], [], 0
+      continue
     if step.out_of_memory:
       raise CostingError(f'the {layers}-layer costing program does not fit '
                          f'({step.out_of_memory[:200]})')
@@ -156,7 +196,9 @@ def predict(config, topology: str, devices: list, *, num_slices: int = 1) -> Ste
       num_layers=int(m.num_layers), grad_accum_steps=int(t.grad_accum_steps),
       seconds=tuple(seconds), flops=tuple(xla_flops), while_loops=loops,
       tokens_per_step=tokens, model_flops_per_chip=model_flops, peak_flops=peak,
-      train_steps=int(t.steps))
+      train_steps=int(t.steps),
+      attention_costing=(('in one block' if one_block else 'in its own blocks')
+                         if runs_blockwise_on_tpu(config) else ''))
 
 
 def format_prediction(p: StepPrediction) -> str:
@@ -178,6 +220,9 @@ def format_prediction(p: StepPrediction) -> str:
            f'time; model FLOPs {p.model_flops_per_chip / 1e12:.4g})',
            f'  token budget        {p.budget_tokens / 1e9:10.2f} B    ({p.train_steps} steps '
            f'x {p.tokens_per_step} tokens) in {p.budget_hours:.4g} hours on {p.topology}']
+  if p.attention_costing == 'in its own blocks':
+    lines.append('  note: blockwise attention did not fit in one block and was costed in its own '
+                 'blocks, every key block counted (an over-estimate of its share)')
   if p.while_loops:
     lines.append(f'  note: the costing programs still hold {p.while_loops} loop(s), each '
                  'counted once: the step time is a lower bound')

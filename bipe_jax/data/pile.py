@@ -14,7 +14,7 @@ are ignored and counted. `data.pile_subsets` keeps only the records whose `meta.
 is one of the listed subsets ('' = every record); the three evaluation subsets have short
 aliases (`EVAL_SUBSETS`: pg19, arxiv, github). A record that is not a JSON object with a string
 `text` (or, with a subset selection, without a string `meta.pile_set_name`) is skipped and
-counted. Paths go through `etils.epath` (a local folder or a bucket).
+counted. Paths go through bipe_jax.storage (a local folder or a bucket).
 """
 
 import collections
@@ -24,10 +24,8 @@ import os
 import re
 from typing import Iterator
 
-from etils import epath
-
-from bipe_jax.data import documents
 from bipe_jax import storage
+from bipe_jax.data import documents
 
 # Every `meta.pile_set_name` of the Pile (Gao et al. 2020, table 1); the uncopyrighted release
 # drops Books3, BookCorpus2, OpenSubtitles and YoutubeSubtitles.
@@ -101,7 +99,7 @@ def list_files(pile_dir: str) -> list[tuple[str, int, int]]:
     raise ValueError("data.pile_dir is empty: set it to a folder of the Pile's .jsonl(.zst) "
                      "files for dataset='pile'")
   root = resolve(pile_dir)
-  if not epath.Path(root).is_dir():
+  if not storage.isdir(root):
     raise ValueError(f'data.pile_dir={pile_dir!r} is not a directory')
   # storage's walk (hidden entries skipped), not epath's: on gs:// that yields folders
   # without their gs:// prefix.
@@ -141,7 +139,7 @@ def config_name(pile_dir: str, subsets, splits) -> str:
 
 def open_lines(path) -> Iterator[bytes]:
   """The lines (bytes, newline stripped) of a .jsonl or .jsonl.zst file, streamed."""
-  with epath.Path(path).open('rb') as raw:
+  with storage.open_read(path) as raw:
     if str(path).endswith('.zst'):
       import zstandard  # pylint: disable=g-import-not-at-top (only for compressed folders)
       stream = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).stream_reader(raw)
@@ -181,7 +179,7 @@ def iter_documents(pile_dir: str, files, split: str, subsets, text_field: str,
   """(id 'path:line', text) of the selected records of `files`, in file then line order."""
   wanted = frozenset(subsets)
   for rel in files:
-    for lineno, raw in enumerate(open_lines(epath.Path(resolve(pile_dir)) / rel), start=1):
+    for lineno, raw in enumerate(open_lines(storage.join(resolve(pile_dir), rel)), start=1):
       record = documents.json_record(raw, text_field, report)
       if record is None:
         continue

@@ -131,6 +131,7 @@ def preparation_lock(data_config):
     yield
     return
   data_dir = os.path.abspath(os.path.expanduser(data_config.data_dir))
+  before = local_paths(data_dir)  # what a failed preparation must leave (the lock file is new)
   try:
     os.makedirs(data_dir, exist_ok=True)
     f = open(os.path.join(data_dir, LOCK_FILE), 'a', encoding='utf-8')  # pylint: disable=consider-using-with
@@ -142,8 +143,38 @@ def preparation_lock(data_config):
     fcntl.flock(f, fcntl.LOCK_EX)
     try:
       yield
+    except BaseException:
+      remove_new_paths(data_dir, before)
+      raise
     finally:
       fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def local_paths(folder: str):
+  """Every path under the local `folder` (itself included), or None when it does not exist."""
+  if not os.path.isdir(folder):
+    return None
+  found = {folder}
+  for parent, dirs, files in os.walk(folder):
+    found.update(os.path.join(parent, name) for name in dirs + files)
+  return found
+
+
+def remove_new_paths(folder: str, before) -> None:
+  """After a failed preparation: removes what it created under `folder` (every path not in
+  `before`, from `local_paths`; the whole folder when it did not exist), never what was there."""
+  after = local_paths(folder)
+  if after is None:
+    return
+  kept = before or set()
+  for path in sorted(after - kept):  # parents sort before their contents
+    if os.path.dirname(path) in kept or path == folder:
+      try:
+        storage.remove(path)
+      except FileNotFoundError:
+        pass
+      except OSError as e:
+        logging.info('could not remove %s after a failed preparation: %s', path, e)
 
 
 def evaluation_only(data_config) -> bool:

@@ -22,6 +22,7 @@ import io
 import json
 import logging
 import os
+import re
 
 from etils import epath
 import tensorflow_datasets as tfds
@@ -268,10 +269,28 @@ def _build_in(data_config, data_dir: str, config_name: str):
   # TFDS prints "Downloading and preparing dataset Unknown size ..." to stdout although nothing
   # is downloaded: the lines go to the INFO log (a run's log file), not to the terminal.
   printed = io.StringIO()
-  with contextlib.redirect_stdout(printed):
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        download_mode=tfds.GenerateMode.REUSE_DATASET_IF_EXISTS))
+  try:
+    with contextlib.redirect_stdout(printed):
+      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+          download_mode=tfds.GenerateMode.REUSE_DATASET_IF_EXISTS))
+  except AssertionError as e:  # TFDS's "Failed to finalize writing of split ...: No examples"
+    if 'No examples were yielded' not in str(e):
+      raise
+    raise ValueError(_no_documents_message(data_config, str(e))) from None
   return builder, printed.getvalue()
+
+
+def _no_documents_message(data_config, error: str) -> str:
+  """One line for a split that yielded no document (TFDS: 'No examples were yielded')."""
+  split = re.search(r'split "([^"]+)"', error)
+  where = f'split {split.group(1)!r}' if split else 'a split'
+  if data_config.dataset == 'pile':
+    subsets = data_config.pile_subsets or '(all)'
+    return (f'data.pile_subsets={subsets!r}: {where} of data.pile_dir={data_config.pile_dir!r} '
+            'holds no document of those subsets (each record names its subset in '
+            'meta.pile_set_name); choose subsets the folder holds')
+  source = data_config.text_dir if data_config.dataset == 'text_folder' else data_config.dataset
+  return f'dataset {data_config.dataset!r} ({source}): {where} holds no document'
 
 
 def read_report(data_config) -> dict:

@@ -39,7 +39,6 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
-from etils import epath
 
 from bipe_jax import storage
 
@@ -76,12 +75,12 @@ class Tokenizer:
   """A SentencePiece model with the ids and separator table the rest of the library needs."""
 
   def __init__(self, path: str):
-    if not epath.Path(path).is_file():  # a local file or a URL (gs://..., etils.epath)
+    if not storage.isfile(path):  # a local file or a URL (gs://...)
       raise ValueError(f'tokenizer model file {path!r} does not exist')
     self.path = path
     self._sp = spm.SentencePieceProcessor()
     try:
-      self._sp.LoadFromSerializedProto(epath.Path(path).read_bytes())
+      self._sp.LoadFromSerializedProto(storage.read_bytes(path))
     except (OSError, RuntimeError) as e:
       raise ValueError(f'{path!r} is not a SentencePiece model: {e}') from e
 

@@ -20,13 +20,12 @@ not trained; the same command resumes from that checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Callable, Sequence
 
+from bipe_jax import storage
 from bipe_jax.tasks import arithmetic
 from bipe_jax.tasks import modular_expressions as expressions
-from bipe_jax.runs import run_record
 
 CURVE_FILE = 'convergence.json'
 RESULTS_FILE = 'arithmetic_sweep.json'
@@ -120,12 +119,11 @@ def train_to_convergence(config, workdir: str, plan: SweepPlan, *, train_fn: Tra
   A curve already in the workdir is continued, or returned when it has stopped; one stopped
   by an earlier, lower `max_steps` continues under this plan's cap, unless its checks already
   meet this plan's target or plateau rule."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CURVE_FILE)
-  curve = run_record.read_json(path) or {'steps': [], 'accuracy': [], 'stopped': None}
+  path = storage.join(workdir, CURVE_FILE)
+  curve = storage.read_json(path) or {'steps': [], 'accuracy': [], 'stopped': None}
   if curve['stopped'] == 'max_steps' and curve['steps'][-1] < plan.max_steps:
     curve['stopped'] = stop_reason(curve['accuracy'], curve['steps'][-1], plan)
-    run_record.write_text_atomic(path, json.dumps(curve, indent=2))  # the file says why, too
+    storage.write_json(path, curve)  # the file says why, too
     if not curve['stopped']:
       log(f'{os.path.basename(workdir)}: stopped at the cap of step {curve["steps"][-1]}; '
           f'continuing to max_steps={plan.max_steps}')
@@ -145,7 +143,7 @@ def train_to_convergence(config, workdir: str, plan: SweepPlan, *, train_fn: Tra
     curve['steps'].append(steps)
     curve['accuracy'].append(acc)
     curve['stopped'] = stop_reason(curve['accuracy'], steps, plan)
-    run_record.write_text_atomic(path, json.dumps(curve, indent=2))
+    storage.write_json(path, curve)
     log(f'{os.path.basename(workdir)}: step {steps}, accuracy at {n} operators {acc:.3f}'
         + (f' -> stop ({curve["stopped"]})' if curve['stopped'] else ''))
   return curve
@@ -155,12 +153,11 @@ def sweep(plan: SweepPlan, base_config, root: str, *, train_fn: TrainFn, accurac
           log: Callable[[str], None] = print) -> dict:
   """Runs the whole grid (resuming finished and unfinished runs) and writes
   `<root>/arithmetic_sweep.json`: per run its curve and its accuracy by operator count."""
-  os.makedirs(root, exist_ok=True)
   plan_doc = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(plan).items()}
   doc = {'plan': plan_doc, 'runs': []}
   for encoding, layers, n in plan.runs():
     name = run_name(encoding, layers, n)
-    workdir = os.path.join(root, name)
+    workdir = storage.join(root, name)
     config = run_config(base_config, encoding, layers, n, plan)
     curve = train_to_convergence(config, workdir, plan, train_fn=train_fn,
                                  accuracy_fn=accuracy_fn, log=log)
@@ -171,7 +168,7 @@ def sweep(plan: SweepPlan, base_config, root: str, *, train_fn: TrainFn, accurac
     doc['runs'].append({'name': name, 'encoding': encoding, 'layers': layers, 'max_ops': n,
                         'steps': curve['steps'][-1], 'stopped': curve['stopped'],
                         'curve': curve, 'results': [r.to_dict() for r in results]})
-    run_record.write_text_atomic(os.path.join(root, RESULTS_FILE), json.dumps(doc, indent=2))
+    storage.write_json(storage.join(root, RESULTS_FILE), doc)
     log(f'{name}: done at step {curve["steps"][-1]} ({curve["stopped"]})')
   return doc
 
@@ -220,7 +217,8 @@ def workdir_accuracy(workdir: str, problems: dict, *, batch_size: int = 100) -> 
 def main(plan: SweepPlan, base_config, root: str) -> int:
   """What eval/arithmetic_sweep.py runs: the sweep with the project's trainer, the tables on
   stdout; a bad config or plan is one line on stderr and exit code 2; a preemption (SIGTERM) one
-  line on stderr and exit code 0, as train/main.py (the checkpoint is saved)."""
+  line on stderr and exit code 75 (bipe_jax.cli.EXIT_PREEMPTED), as train/main.py (the
+  checkpoint is saved: run the same command again)."""
   import sys  # pylint: disable=g-import-not-at-top
   from bipe_jax import run_config  # pylint: disable=g-import-not-at-top
   from bipe_jax.training import trainer  # pylint: disable=g-import-not-at-top
@@ -232,9 +230,10 @@ def main(plan: SweepPlan, base_config, root: str) -> int:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   except SweepPreempted as e:
+    from bipe_jax.cli import EXIT_PREEMPTED  # pylint: disable=g-import-not-at-top
     print(f'stopped: {e}', file=sys.stderr, flush=True)
-    return 0
+    return EXIT_PREEMPTED
   print('\nexact-match accuracy of the final answer at N operators (held-out problems):')
   print(format_tables(doc), flush=True)
-  print(f'wrote {os.path.join(root, RESULTS_FILE)}')
+  print(f'wrote {storage.join(root, RESULTS_FILE)}')
   return 0

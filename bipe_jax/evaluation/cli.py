@@ -11,6 +11,7 @@ import sys
 import time
 
 from bipe_jax import storage
+from bipe_jax import storage_faults
 from bipe_jax.evaluation import dataset_fit
 from bipe_jax.evaluation import perplexity as ppl
 from bipe_jax.runs import restore as runs_lib
@@ -20,6 +21,13 @@ from bipe_jax.evaluation import sweep
 def _error(message: str) -> int:
   print(f'error: {message}', file=sys.stderr, flush=True)
   return 2
+
+
+def check_outputs(*paths) -> None:
+  """Each output file given (not '') can be written, checked before any work: an unwritable
+  path is one UnusablePathError line (a ValueError), not results lost after the evaluation."""
+  for path in paths:
+    storage_faults.check_output_file(path)
 
 
 def _tqdm_factory(label: str):
@@ -41,17 +49,44 @@ def _tqdm_factory(label: str):
   return factory
 
 
+def check_data_flags(run_data, dataset: str = '', pile_subset: str = '',
+                     pile_dir: str = '') -> None:
+  """Raises ValueError (one line, naming the flag) for --dataset / --pile_subset / --pile_dir
+  that cannot score a run whose data config is `run_data`: checked before any checkpoint is
+  read. A Pile evaluation needs the Pile's folder: the run's data.pile_dir or --pile_dir."""
+  effective = dataset or run_data.dataset
+  if pile_subset:
+    if effective != 'pile':
+      raise ValueError(f'--pile_subset={pile_subset} needs data.dataset=pile (this run: '
+                       f'{effective!r}; add --dataset=pile)')
+    from bipe_jax.data import pile  # pylint: disable=g-import-not-at-top
+    try:
+      pile.parse_subsets(pile_subset)
+    except ValueError as e:
+      raise ValueError(str(e).replace(f'data.pile_subsets={pile_subset!r}',
+                                      f'--pile_subset={pile_subset}')) from None
+  if pile_dir and effective != 'pile':
+    raise ValueError(f'--pile_dir={pile_dir} needs data.dataset=pile (this run: {effective!r}; '
+                     'add --dataset=pile)')
+  if effective == 'pile' and not (pile_dir or run_data.get('pile_dir', '')):
+    raise ValueError("--dataset=pile: this run has no data.pile_dir; give --pile_dir=FOLDER (a "
+                     "folder of the Pile's .jsonl / .jsonl.zst files, local or gs://)")
+
+
 def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = '',
-                    pile_subset: str = ''):
-  """The run's data config with optional dataset / data_dir overrides (unlocked copy).
+                    pile_subset: str = '', pile_dir: str = ''):
+  """The run's data config with optional dataset / data_dir / pile_dir overrides (unlocked
+  copy).
 
   The tokenizer stays the run's own (load_run set data.tokenizer_path to it): another dataset
   is tokenised with the tokenizer the model was trained with, never with its own.
   `pile_subset` (dataset='pile'): score the validation split of that subset alone (pg19, arxiv,
-  github or a meta.pile_set_name; built by train/build_data.py, docs/tpu.md).
+  github or a meta.pile_set_name; built by train/build_data.py, docs/tpu.md). `pile_dir`: the
+  Pile's folder (data.pile_dir; needed by --dataset=pile on a run trained on something else).
   """
   from bipe_jax.data import generated  # pylint: disable=g-import-not-at-top
   from bipe_jax.data import preparation  # pylint: disable=g-import-not-at-top
+  check_data_flags(run.config.data, dataset, pile_subset, pile_dir)
   data_config = run.config.data.copy_and_resolve_references()
   with data_config.unlocked():
     if not data_config.tokenizer_path and generated.lookup(data_config.dataset) is None:
@@ -60,10 +95,9 @@ def data_config_for(run: runs_lib.Run, dataset: str = '', data_dir: str = '',
       data_config.dataset = dataset
     if data_dir:
       data_config.data_dir = data_dir
+    if pile_dir:
+      data_config.pile_dir = pile_dir
     if pile_subset:
-      if data_config.dataset != 'pile':
-        raise ValueError(f'--pile_subset={pile_subset} needs data.dataset=pile (this run: '
-                         f'{data_config.dataset!r}; add --dataset=pile)')
       from bipe_jax.data import pile  # pylint: disable=g-import-not-at-top
       data_config.pile_subsets = ','.join(pile.parse_subsets(pile_subset))
       data_config.pile_splits = 'validation'
@@ -82,7 +116,7 @@ def resolve_output(output: str, workdirs, name: str) -> str:
 
 
 def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', pile_subset='',
-                    protocol='blocks',
+                    pile_dir='', protocol='blocks',
                     stride=None, max_tokens=None, tokens_per_batch=16384,
                     attention_impl=runs_lib.EVAL_ATTENTION_IMPL, block_size=0,
                     output=AUTO_OUTPUT, plot='', per_position=False, position_plot='',
@@ -96,7 +130,10 @@ def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', pi
     if tokens_per_batch < 1:
       raise ValueError(f'--tokens_per_batch={tokens_per_batch}: must be >= 1')
     for w in workdirs:  # fail fast on every workdir before any long work
-      dataset_fit.check_dataset(w, runs_lib.read_config(w).data.dataset, dataset)
+      run_data = runs_lib.read_config(w).data
+      dataset_fit.check_dataset(w, run_data.dataset, dataset)
+      check_data_flags(run_data, dataset, pile_subset, pile_dir)
+    check_outputs(output, plot, position_plot if per_position else '')
     entries, all_results = [], []
     for w in workdirs:
       start = time.perf_counter()
@@ -108,7 +145,7 @@ def perplexity_main(*, workdirs, lengths, step=None, dataset='', data_dir='', pi
       results = sweep.evaluate_run(
           run, lengths, protocol=protocol, stride=stride, max_tokens=max_tokens,
           tokens_per_batch=tokens_per_batch,
-          data_config=data_config_for(run, dataset, data_dir, pile_subset),
+          data_config=data_config_for(run, dataset, data_dir, pile_subset, pile_dir),
           progress_factory=_tqdm_factory(run.encoding), per_position=per_position)
       entries.append(sweep.run_entry(label, run, results))
       all_results.append(results)
@@ -156,6 +193,7 @@ def arithmetic_main(*, workdirs, per_length=100, batch_size=100, step=None,
       if config.data.dataset != 'arithmetic':
         raise ValueError(f'workdir {w!r} was trained on data.dataset={config.data.dataset!r}, '
                          "not 'arithmetic' (configs/arithmetic_tiny.py)")
+    check_outputs(output)
     tables, entries, train_max = {}, [], None
     for w in workdirs:
       start = time.perf_counter()
@@ -207,6 +245,7 @@ def passkey_main(*, workdirs, lengths, depths, trials=20, seed=0, batch_size=16,
                        f'{list(depths)}, lengths {list(lengths)}')
     for w in workdirs:  # fail fast on every workdir before any long work
       dataset_fit.check_passkey_probe(w, runs_lib.read_config(w).data.dataset)
+    check_outputs(output, plot_path)
     results, entries, labels = {}, [], []
     for w in workdirs:
       start = time.perf_counter()
@@ -248,6 +287,7 @@ def scrolls_main(*, workdir, split='validation', max_examples=0, max_new_tokens=
     if config.data.dataset != scrolls_task.DATASET_NAME:
       raise ValueError(f'workdir {workdir!r} was trained on data.dataset='
                        f"{config.data.dataset!r}, not 'scrolls' (configs/scrolls_finetune.py)")
+    check_outputs(output)
     run = runs_lib.load_run(workdir, step=step, attention_impl='dense')
     examples = scrolls_task.read_examples(run.config.data, split)
     references = scrolls.references_by_id(examples)

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Sequence
 
+from bipe_jax import cli
+from bipe_jax import storage
 from bipe_jax.evaluation import segment_runs
 from bipe_jax.runs import run_logging
 from bipe_jax.kernels import cpu_devices
@@ -119,7 +121,7 @@ class DemoPlan:
     return [self.seq_len * m for m in self.multipliers]
 
   def workdir(self, encoding: str) -> str:
-    return os.path.join(self.output_dir, 'runs', segment_runs.label_dirname(encoding))
+    return storage.join(self.output_dir, 'runs', segment_runs.label_dirname(encoding))
 
   def train_command(self, encoding: str) -> list[str]:
     """The training command of a run label ('bipe_rope', or 'bipe_rope@fixed:12' with a
@@ -174,10 +176,10 @@ class DemoPlan:
 
 def _finished_step(workdir: str) -> int:
   """The newest complete checkpoint step of a workdir (0 when none)."""
-  ckpt = os.path.join(workdir, 'checkpoints')
-  if not os.path.isdir(ckpt):
+  ckpt = storage.join(workdir, 'checkpoints')
+  if not storage.isdir(ckpt):
     return 0
-  steps = [int(n) for n in os.listdir(ckpt) if n.isdigit()]
+  steps = [int(n) for n in storage.listdir(ckpt) if n.isdigit()]
   return max(steps, default=0)
 
 
@@ -235,6 +237,23 @@ def _refuse_after_sigterm(encoding: str) -> None:
                        'resume')
 
 
+def _copy_lines(source, sink) -> None:
+  """Every line of the text stream `source` into `sink` (an `open_append` file), flushed. When
+  the sink fails (a bucket gone), says so once and keeps reading `source` to its end, so the
+  process writing it never blocks on a full pipe."""
+  failed = False
+  for line in source:
+    if failed:
+      continue
+    try:
+      sink.write(line)
+      sink.flush()
+    except Exception as e:  # pylint: disable=broad-except  (OSError, a bucket that is gone)
+      failed = True
+      print(f'warning: {getattr(sink, "name", "") or getattr(sink, "path", "the log")}: the '
+            f'training log stops here: {e}', file=sys.stderr, flush=True)
+
+
 def train_run(plan: DemoPlan, encoding: str, log) -> float:
   """Trains (or resumes / skips) one encoding in a subprocess; returns its wall time.
 
@@ -245,29 +264,33 @@ def train_run(plan: DemoPlan, encoding: str, log) -> float:
     log(f'[{encoding}] already trained to step {plan.steps} in {workdir}: reusing it')
     return 0.0
   _refuse_after_sigterm(encoding)
-  os.makedirs(workdir, exist_ok=True)
   cmd = plan.train_command(encoding)
-  command_file = os.path.join(workdir, 'command.txt')
-  with open(command_file, 'w', encoding='utf-8') as f:
-    f.write(' '.join(['python'] + cmd[1:]) + '\n')
+  command_file = storage.join(workdir, 'command.txt')
+  storage.write_text_atomic(command_file, ' '.join(['python'] + cmd[1:]) + '\n')
   log(f'[{encoding}] training in {workdir} (its command: {command_file}; its log: train.log)')
   start = time.perf_counter()
-  with open(os.path.join(workdir, 'train.log'), 'a', encoding='utf-8') as err:
+  train_log = storage.join(workdir, 'train.log')
+  err = storage.open_append(train_log, min_interval_s=10.0)  # a local file, or objects
+  try:
     with _children_lock:
       _refuse_after_sigterm(encoding)  # again: a SIGTERM may have come since the first check
-      proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
-                              env=train_environment(plan))
+      proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=train_environment(plan))
       _children.add(proc)
+    copier = threading.Thread(target=_copy_lines, args=(proc.stderr, err), daemon=True)
+    copier.start()
     try:
       for line in proc.stdout:
         log(f'[{encoding}] {line.rstrip()}')
       code = proc.wait()
+      copier.join()
     finally:
       with _children_lock:
         _children.discard(proc)
-  if code != 0:
-    with open(os.path.join(workdir, 'train.log'), encoding='utf-8') as f:
-      tail = ''.join(f.readlines()[-15:])
+  finally:
+    err.close()
+  if code not in (0, cli.EXIT_PREEMPTED):  # preempted: said below, from the step reached
+    tail = ''.join(storage.read_appended(train_log).splitlines(keepends=True)[-15:])
     raise RuntimeError(f'training {encoding} failed with exit code {code}; the end of '
                        f'{workdir}/train.log:\n{tail}')
   reached = _finished_step(workdir)
@@ -363,7 +386,7 @@ def run_demo(plan: DemoPlan, *, command: str, log=print) -> dict:
   """The whole demo; returns the results document (also written to plan.output_dir)."""
   plan.validate()
   wall_start = time.perf_counter()
-  log_file = os.path.join(plan.output_dir, 'demo.log')
+  log_file = storage.join(plan.output_dir, 'demo.log')
   file_handler = run_logging.send_library_logs_to(log_file)
   _stopping.clear()
   in_main_thread = threading.current_thread() is threading.main_thread()
@@ -387,7 +410,7 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
 
   data_config = defaults.data_defaults()
   data_config.data_dir = plan.data_dir
-  data_ready = os.path.isdir(os.path.join(plan.data_dir, 'bipe_embedded'))
+  data_ready = storage.isdir(storage.join(plan.data_dir, 'bipe_embedded'))
   expected = estimate_seconds(plan, data_ready)
   log(f'demo: {len(plan.encodings)} encodings ({", ".join(plan.encodings)}), evaluated at '
       f'lengths {plan.lengths}')
@@ -442,15 +465,13 @@ def _run_demo(plan: DemoPlan, *, command: str, log, wall_start: float, log_file:
   document['extra_protocols'] = {
       text: {e: [r.to_dict() for r in rows] for e, rows in by_encoding.items()}
       for text, by_encoding in extra.items()}
-  os.makedirs(plan.output_dir, exist_ok=True)
-  sweep.write_json(document, os.path.join(plan.output_dir, 'results.json'))
-  sweep.plot_document(document, os.path.join(plan.output_dir, 'ppl.png'))
-  position_plot.plot_document_positions(document, os.path.join(plan.output_dir,
-                                                               'positions.png'))
+  sweep.write_json(document, storage.join(plan.output_dir, 'results.json'))
+  sweep.plot_document(document, storage.join(plan.output_dir, 'ppl.png'))
+  position_plot.plot_document_positions(document, storage.join(plan.output_dir,
+                                                                'positions.png'))
   report = markdown_report(plan, document, command=command, wall_seconds=wall,
                            train_seconds=train_seconds, eval_seconds=eval_seconds)
-  with open(os.path.join(plan.output_dir, 'DEMO_RESULTS.md'), 'w', encoding='utf-8') as f:
-    f.write(report)
+  storage.write_text_atomic(storage.join(plan.output_dir, 'DEMO_RESULTS.md'), report)
   log('')
   log(f'perplexity by evaluation length (trained at {plan.seq_len}; lower is better):')
   log(ppl.format_table(tables))

@@ -8,10 +8,11 @@ positions are noisy); `plot_position_loss` draws one curve per run on a log posi
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
+
+from bipe_jax import storage
 
 
 def binned_position_loss(nll_sum_L: Sequence[float], tokens_L: Sequence[int],
@@ -63,8 +64,7 @@ def plot_position_loss(curves: dict[str, tuple[Sequence[float], Sequence[int]]],
   ax.grid(True, which='both', alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, format='png')
+  storage.save_figure(fig, path)
   plt.close(fig)
   return path
 

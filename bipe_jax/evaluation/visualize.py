@@ -16,11 +16,9 @@ Logits come from bipe_jax/evaluation/attention_probe.py (the model's own modules
 
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 
+from bipe_jax import storage
 from bipe_jax.evaluation import attention_probe
 
 
@@ -74,7 +72,7 @@ def draw_bias(numbers: dict, path: str, title: str) -> str:
   if ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=6, ncol=2)
   fig.tight_layout()
-  fig.savefig(path, format='png')
+  storage.save_figure(fig, path)
   plt.close(fig)
   return path
 
@@ -102,7 +100,7 @@ def draw_attention(weights_TxT: np.ndarray, numbers: dict, path: str, title: str
   right.set_title(f'query {numbers["query"]}, head {numbers["head"]}', fontsize=9)
   right.grid(True, which='both', alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, format='png')
+  storage.save_figure(fig, path)
   plt.close(fig)
   return path
 
@@ -117,19 +115,17 @@ def visualize(model_config, params, tokens_T, *, query: int, layer: int, head: i
                      f'{tokens_T.shape}')
   probe = attention_probe.layer_logits(model_config, params, tokens_T[None], layer)
   numbers = query_numbers(probe, query, head)
-  os.makedirs(output_dir, exist_ok=True)
   where = (f'{label}, layer {layer}, query {query} '
            f'({(query + 1) / train_length:g}x the training length {train_length})')
   document = {'label': label, 'encoding': model_config.position_encoding, 'layer': layer,
               'train_length': train_length, 'window_tokens': tokens_T.tolist(), **numbers,
-              'bias_png': draw_bias(numbers, os.path.join(output_dir, 'bias.png'),
+              'bias_png': draw_bias(numbers, storage.join(output_dir, 'bias.png'),
                                     f'positional bias, {where}'),
               'attention_png': draw_attention(probe['weights'][0, head], numbers,
-                                              os.path.join(output_dir, 'attention.png'),
+                                              storage.join(output_dir, 'attention.png'),
                                               f'attention, {label}, layer {layer}, '
                                               f'head {head}')}
-  with open(os.path.join(output_dir, 'visualize.json'), 'w', encoding='utf-8') as f:
-    json.dump(document, f)
+  storage.write_json(storage.join(output_dir, 'visualize.json'), document, indent=None)
   return document
 
 
@@ -145,6 +141,5 @@ def visualize_run(workdir: str, *, query: int = 0, layer: int = -1, head: int = 
   tokens, _ = data.make_eval_blocks(run.config.data, query + 1, max_tokens=query + 1)
   import jax  # pylint: disable=g-import-not-at-top
   return visualize(run.model_config, jax.device_get(run.params), tokens[0], query=query,
-                   layer=layer, head=head, output_dir=output_dir or os.path.join(workdir,
-                                                                                  'visualize'),
+                   layer=layer, head=head, output_dir=output_dir or storage.join(workdir, 'visualize'),
                    label=f'{run.encoding} step {run.step}', train_length=run.train_length)

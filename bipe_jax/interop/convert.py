@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shutil
 import sys
 from typing import Optional, Sequence
 
@@ -136,11 +135,11 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params, *,
 
   from bipe_jax.runs import run_record  # pylint: disable=g-import-not-at-top
   run_record.write_config(workdir, config)  # paths absolute
-  config_py = os.path.join(workdir, 'config.py')
-  with open(config_py, 'w', encoding='utf-8') as f:
-    f.write(CONFIG_PY.replace('{path}', config_py).replace('{workdir}', workdir))
-  ckpt_dir = config.checkpoint.get('dir', '') or os.path.join(workdir, 'checkpoints')
-  if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+  config_py = storage.join(workdir, 'config.py')
+  storage.write_text_atomic(config_py, CONFIG_PY.replace('{path}', config_py)
+                            .replace('{workdir}', workdir))
+  ckpt_dir = config.checkpoint.get('dir', '') or storage.join(workdir, 'checkpoints')
+  if storage.isdir(ckpt_dir) and storage.listdir(ckpt_dir):
     raise ValueError(f'{ckpt_dir} already holds checkpoints: convert into a new workdir')
   checkpointer = checkpointing.Checkpointer(ckpt_dir, every_steps=1, keep=1, async_save=False)
   try:
@@ -182,11 +181,10 @@ def hf_to_workdir(hf_dir: str, workdir: str, *,
     config.model.separators = 'ids'
     config.data.seq_len = int(seq_len or hf.get('train_scale') or model_config.max_position)
     config.data.tokenizer_vocab_size = model_config.vocab_size
-    tokenizer = os.path.join(hf_dir, 'tokenizer.model')
-    if os.path.isfile(tokenizer):
-      os.makedirs(workdir, exist_ok=True)
-      shutil.copyfile(tokenizer, os.path.join(workdir, 'tokenizer.model'))
-      config.data.tokenizer_path = os.path.abspath(os.path.join(workdir, 'tokenizer.model'))
+    tokenizer = storage.join(hf_dir, 'tokenizer.model')
+    if storage.isfile(tokenizer):
+      storage.copy_file(tokenizer, storage.join(workdir, 'tokenizer.model'))
+      config.data.tokenizer_path = storage.absolute(storage.join(workdir, 'tokenizer.model'))
   write_workdir(workdir, config, params)
   return workdir
 

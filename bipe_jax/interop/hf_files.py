@@ -9,11 +9,14 @@ Writing always produces one `model.safetensors` (no PyTorch needed).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from typing import Dict
 
 import numpy as np
+
+from bipe_jax import storage
 
 CONFIG_NAME = 'config.json'
 SAFETENSORS_NAME = 'model.safetensors'
@@ -24,16 +27,15 @@ TORCH_INDEX = 'pytorch_model.bin.index.json'
 
 def read_hf_config(folder: str) -> dict:
   """Returns the parsed `config.json` of a Hugging Face model folder."""
-  path = os.path.join(folder, CONFIG_NAME)
-  if not os.path.isfile(path):
+  path = storage.join(folder, CONFIG_NAME)
+  config = storage.read_json(path)
+  if config is None:
     raise ValueError(f'not a Hugging Face model folder: {folder!r} has no {CONFIG_NAME}')
-  with open(path) as f:
-    return json.load(f)
+  return config
 
 
 def _shard_files(folder: str, index_name: str) -> list:
-  with open(os.path.join(folder, index_name)) as f:
-    weight_map = json.load(f)['weight_map']
+  weight_map = json.loads(storage.read_bytes(storage.join(folder, index_name)))['weight_map']
   return sorted(set(weight_map.values()))
 
 
@@ -43,7 +45,7 @@ def weight_files(folder: str) -> tuple:
   safetensors is preferred when both formats are present (it needs no PyTorch).
   """
   def exists(name):
-    return os.path.isfile(os.path.join(folder, name))
+    return storage.isfile(storage.join(folder, name))
   if exists(SAFETENSORS_NAME):
     return 'safetensors', [os.path.join(folder, SAFETENSORS_NAME)]
   if exists(SAFETENSORS_INDEX):
@@ -58,6 +60,10 @@ def weight_files(folder: str) -> tuple:
 
 
 def _read_safetensors(path: str) -> Dict[str, np.ndarray]:
+  if not storage.is_local(path):  # safetensors maps local files only: read the object whole
+    from safetensors.numpy import load  # pylint: disable=g-import-not-at-top
+    return {name: np.asarray(t, dtype=np.float32)
+            for name, t in load(storage.read_bytes(path)).items()}
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
   out = {}
   with safe_open(path, framework='numpy') as f:
@@ -74,7 +80,8 @@ def _read_torch_bin(path: str) -> Dict[str, np.ndarray]:
         f'{path} is a PyTorch pickle (.bin): reading it needs PyTorch, which is not installed. '
         'Install it (pip install -r requirements-interop.txt) or convert the folder to '
         'safetensors first (then no PyTorch is needed).') from e
-  state = torch.load(path, map_location='cpu', weights_only=True)
+  source = path if storage.is_local(path) else io.BytesIO(storage.read_bytes(path))
+  state = torch.load(source, map_location='cpu', weights_only=True)
   return {name: t.detach().to(torch.float32).numpy() for name, t in state.items()}
 
 
@@ -96,15 +103,13 @@ def write_hf_folder(folder: str, hf_config: dict, weights: Dict[str, np.ndarray]
   modeling file that config.json's `auto_map` names, if it names one, into `folder` (a local
   folder or gs://..., through bipe_jax.storage)."""
   from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-  from bipe_jax import storage  # pylint: disable=g-import-not-at-top
   modules = {v.split('.')[0] for v in (hf_config.get('auto_map') or {}).values()}
   for module in modules:
     if module != 'modeling_bipe':
       raise ValueError(f'config.json auto_map names {module}.py; bipe_jax ships modeling_bipe.py')
-    with open(MODELING_SOURCE, encoding='utf-8') as f:
-      storage.write_text_atomic(os.path.join(folder, module + '.py'), f.read())
-  storage.write_text_atomic(os.path.join(folder, CONFIG_NAME),
-                               json.dumps(hf_config, indent=2, sort_keys=True))
+    storage.write_bytes_atomic(storage.join(folder, module + '.py'),
+                               storage.read_bytes(MODELING_SOURCE))
+  storage.write_json(storage.join(folder, CONFIG_NAME), hf_config, sort_keys=True)
   tensors = {k: np.ascontiguousarray(v) for k, v in weights.items()}
-  storage.write_bytes_atomic(os.path.join(folder, SAFETENSORS_NAME),
+  storage.write_bytes_atomic(storage.join(folder, SAFETENSORS_NAME),
                                 save(tensors, metadata={'format': 'pt'}))

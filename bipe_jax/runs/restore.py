@@ -12,6 +12,7 @@ modifies the workdir.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import re
 import sys
@@ -23,8 +24,10 @@ import ml_collections
 from bipe_jax import config as model_config_lib
 from bipe_jax import platform_choices
 from bipe_jax import restore_messages
+from bipe_jax.runs import run_record
 from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax import storage
+from bipe_jax import storage_faults
 from bipe_jax import model as model_lib
 from bipe_jax.state import checkpointing
 from bipe_jax.state import mesh as mesh_lib
@@ -71,6 +74,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a training run saved in `workdir`; RunError naming what is missing."""
   if not workdir:
     raise RunError('--workdir is empty: give the directory of a training run')
+  storage_faults.check_reachable(workdir)  # a bucket that does not answer is not "no workdir"
   if not storage.isdir(workdir):
     raise RunError(f'workdir {workdir!r} does not exist (train first: python train/main.py '
                    f'--config=configs/tiny.py --workdir={workdir})')
@@ -78,7 +82,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     raise RunError(f'workdir {workdir!r} is empty: no saved config and no checkpoint (train '
                    f'first: python train/main.py --config=configs/tiny.py --workdir={workdir})')
   for name in CONFIG_FILES:
-    saved = storage.read_json(os.path.join(workdir, name))
+    saved = storage.read_json(os.path.join(workdir, name), remedy=run_record.CONFIG_REMEDY)
     if saved is not None:
       return ml_collections.ConfigDict(saved)
   raise RunError(f'workdir {workdir!r} has no saved config ({" or ".join(CONFIG_FILES)}): is it '
@@ -157,6 +161,7 @@ def load_run(workdir: str, *, step: int | None = None, attention_impl: str = EVA
           params = ckpt.restore_trained_params(s, target)
         if errors:
           print(restore_messages.used_line(s), file=sys.stderr, flush=True)
+          gc.collect()  # the failed restore's abandoned reads go now, under the filter, not at exit
         return Run(workdir=workdir, config=config, model_config=model_config, model=model,
                    params=params, step=int(s), mesh=mesh)
       except Exception as e:  # pylint: disable=broad-except

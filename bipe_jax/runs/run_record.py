@@ -47,12 +47,21 @@ def _plain(value: Any) -> Any:
   return json.loads(json.dumps(value, default=str))
 
 
-read_json = storage.read_json  # local or gs:// (etils.epath), see bipe_jax/runs/storage.py
+read_json = storage.read_json  # local or gs:// (etils.epath), see bipe_jax/storage.py
 write_text_atomic = storage.write_text_atomic
 
 
+# What a damaged config.json's one line suggests: never to delete it (a resume needs it).
+CONFIG_REMEDY = ('restore it from a copy (it records the settings the checkpoints were trained '
+                 'with), or train in a new workdir')
+
+
+class MissingConfigError(ResumeMismatchError):
+  """Checkpoints without the config.json that records what they were trained with."""
+
+
 def read_saved_config(workdir: str) -> dict | None:
-  return read_json(os.path.join(workdir, CONFIG_FILE))
+  return read_json(os.path.join(workdir, CONFIG_FILE), remedy=CONFIG_REMEDY)
 
 
 # Fields that hold a local path: config.json records them absolute (a run read from another
@@ -94,10 +103,18 @@ def differing_fields(saved: dict, config) -> list[str]:
   return out
 
 
-def check_resume(workdir: str, config) -> None:
-  """Raises ResumeMismatchError when `workdir` holds a run whose model/data config differs."""
+def check_resume(workdir: str, config, checkpoint_steps=()) -> None:
+  """Raises ResumeMismatchError when `workdir` holds a run whose model/data config differs, or
+  (MissingConfigError) when it holds checkpoints (`checkpoint_steps`) but no config.json: what
+  they were trained with is then unknown, so nothing could be checked."""
   saved = read_saved_config(workdir)
   if saved is None:
+    if checkpoint_steps:
+      steps = sorted(checkpoint_steps)
+      raise MissingConfigError(
+          f'{workdir} holds checkpoints (steps {steps}) but no {CONFIG_FILE}, which records the '
+          'settings they were trained with: a resume cannot be checked, so it does not start; '
+          f'restore {CONFIG_FILE} from a copy, or train in a new workdir')
     return
   diffs = differing_fields(saved, config)
   if diffs:

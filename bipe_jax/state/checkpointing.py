@@ -25,6 +25,12 @@ Restoring the newest checkpoint tells three failures apart (`restore_latest`):
   CheckpointsUnusableError instead of starting again from step 0, unless the caller allows a
   fresh start (`checkpoint.allow_fresh_start`).
 Readers of a live workdir (evaluation) should use `Checkpointer(dir, read_only=True)`.
+
+A save that fails (the storage stopped answering) raises CheckpointSaveError, one line naming
+the step, the folder and the last checkpoint that was saved: at the next `save`, `poll` (each
+training step of a single-process run: it never waits) or `close`. Bounded, so that a save never
+hangs a run: tensorstore's GCS retries (bipe_jax.storage_faults.tensorstore_retries) and the
+whole background save (SAVE_TIMEOUT_ENV, default DEFAULT_SAVE_TIMEOUT_S).
 """
 
 import dataclasses
@@ -39,7 +45,12 @@ from etils import epath
 
 from bipe_jax import restore_messages
 from bipe_jax import storage
+from bipe_jax import storage_faults
+from bipe_jax.state import tensorstore_auth
 from jax.experimental import multihost_utils
+
+SAVE_TIMEOUT_ENV = 'BIPE_JAX_CHECKPOINT_TIMEOUT_S'
+DEFAULT_SAVE_TIMEOUT_S = 600  # a background save still running after this fails (Orbax: 1200)
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -48,6 +59,40 @@ class IncompatibleCheckpointError(ValueError):
 
 class CheckpointsUnusableError(RuntimeError):
   """Checkpoints existed but none restored: the run refuses to start again from step 0."""
+
+
+class CheckpointSaveError(RuntimeError):
+  """A checkpoint could not be saved (one line: the step, the folder, the last one saved)."""
+
+
+def save_timeout_s(environ=None) -> int:
+  """Seconds a background save may take (SAVE_TIMEOUT_ENV); a bad value is a ValueError."""
+  environ = os.environ if environ is None else environ
+  text = environ.get(SAVE_TIMEOUT_ENV, '').strip()
+  if not text:
+    return DEFAULT_SAVE_TIMEOUT_S
+  if not text.isdigit() or int(text) < 1:
+    raise ValueError(f'{SAVE_TIMEOUT_ENV}={text!r}: must be a whole number of seconds >= 1')
+  return int(text)
+
+
+def bound_tensorstore_retries() -> None:
+  """Makes every tensorstore context Orbax creates (its `get_ts_context` copies these two
+  dicts) retry a GCS request as bipe_jax.storage_faults.RetryPolicy says, instead of
+  tensorstore's default of 32 retries with waits of up to 32 s (a quarter of an hour per
+  request). Read again at each Checkpointer, so the environment's current bound applies."""
+  # pylint: disable-next=g-import-not-at-top
+  from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+  resource = storage_faults.tensorstore_retries()
+  contexts = (ts_utils._BASE_TS_CONTEXT,  # pylint: disable=protected-access
+              ts_utils._DEFAULT_OCDBT_TS_CONTEXT)  # pylint: disable=protected-access
+  for context in contexts:
+    context['gcs_request_retries'] = dict(resource)
+
+
+def _one_line(error: BaseException, limit: int = 160) -> str:
+  """The error's first words: tensorstore's messages run to a whole spec."""
+  return restore_messages.short_reason(error, limit)
 
 
 def _state_filename(process_index: int, process_count: int) -> str:
@@ -152,7 +197,12 @@ def step_dirs(directory: str) -> dict[int, str]:
 def item_metadata(step_dir: str, item: str):
   """Orbax's metadata of one item ('state', 'params') of a step folder: its saved tree with an
   ArrayMetadata (shape, dtype) per array, read without restoring anything."""
-  return ocp.StandardCheckpointHandler().metadata(epath.Path(step_dir) / item).tree
+  tensorstore_auth.start_quietly(step_dir)
+  handler = ocp.StandardCheckpointHandler()
+  try:
+    return handler.metadata(epath.Path(step_dir) / item).tree
+  finally:
+    handler.close()
 
 
 def saved_param_shapes(step_dir: str) -> dict:
@@ -184,11 +234,18 @@ class Checkpointer:
     no saves, and unfinished temporary directories are left alone."""
     self.directory = epath.Path(storage.absolute(directory))  # gs:// kept as it is
     self.read_only = read_only
+    if not storage.is_local(directory):
+      bound_tensorstore_retries()
+      tensorstore_auth.start_quietly(directory)  # its credentials line to the log, not stderr
     self._options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, save_interval_steps=every_steps,
         enable_async_checkpointing=async_save, create=not read_only, read_only=read_only,
-        cleanup_tmp_directories=not read_only)  # leftovers of a save killed mid-way
+        cleanup_tmp_directories=not read_only,  # leftovers of a save killed mid-way
+        async_options=ocp.AsyncOptions(timeout_secs=save_timeout_s()))
     self._manager = self._new_manager()
+    self._pending: Optional[int] = None  # the step of a save started and not yet seen complete
+    self._failed: Optional[CheckpointSaveError] = None
+    self._single = jax.process_count() == 1
 
   def _new_manager(self) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(self.directory, options=self._options,
@@ -204,9 +261,63 @@ class Checkpointer:
     """
     if step in self._manager.all_steps():
       return False
-    return self._manager.save(
-        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                      data=DataStateSave(data_state)), force=force)
+    self._finish_pending()
+    try:
+      started = self._manager.save(
+          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        data=DataStateSave(data_state)), force=force)
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_failed(step, e) from None
+    if started:
+      self._pending = step
+      if not self._options.enable_async_checkpointing:
+        self._finish_pending()
+    return started
+
+  def last_saved_step(self) -> Optional[int]:
+    """The newest step whose save completed (None when none did)."""
+    done = [s for s in self._manager.all_steps() if s != self._pending]
+    return max(done) if done else None
+
+  def _save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
+    """The one-line error for the save of `step` that failed with `error` (kept: `close`
+    then neither waits nor raises again)."""
+    self._pending = None
+    last = self.last_saved_step()
+    kept = (f'the last checkpoint saved is step {last}' if last is not None
+            else 'no checkpoint was saved')
+    if isinstance(error, storage_faults.StorageUnreachableError):
+      cause = str(error)  # names the bucket and the endpoint
+    elif storage.is_local(str(self.directory)):
+      cause = _one_line(error)
+    else:  # tensorstore's: names the object, not the endpoint
+      cause = f'storage at {storage_faults.endpoint()}: {_one_line(error)}'
+    self._failed = CheckpointSaveError(
+        f'could not save checkpoint step {step} in {self.directory}: {cause}; stopping rather '
+        f'than training past it; {kept}, and running the same command resumes from it')
+    return self._failed
+
+  def _finish_pending(self) -> None:
+    """Waits for the save in flight, if any; CheckpointSaveError when it failed."""
+    if self._failed is not None:
+      raise self._failed
+    if self._pending is None:
+      return
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_failed(self._pending, e) from None
+    self._pending = None
+
+  def poll(self) -> None:
+    """CheckpointSaveError when a background save has failed; never waits. (Single-process
+    runs only: processes must agree on the step they stop at, so a multi-process run learns of
+    a failed save at its next save, which every process reaches.)"""
+    if self._failed is not None:
+      raise self._failed
+    if (self._single and self._pending is not None
+        and not self._manager.is_saving_in_progress()):
+      self._finish_pending()
 
   def save_params(self, step: int, params) -> None:
     """Saves parameters only (a converted model: no optimizer state, no data position), so a
@@ -232,10 +343,15 @@ class Checkpointer:
     `save_params` checkpoint restores as `restore_params`."""
     if self.is_params_only(step):
       return self.restore_params(step, abstract_params)
-    restored = ocp.PyTreeCheckpointer().restore(
-        self._step_dir(step) / 'state', args=ocp.args.PyTreeRestore(
-            item={'params': abstract_params}, partial_restore=True,
-            restore_args={'params': ocp.checkpoint_utils.construct_restore_args(abstract_params)}))
+    # closed at once (its handler's threads and metadata store): a checkpointer left to the
+    # interpreter's exit schedules work on executors already shut down (a traceback after the
+    # command's own error line)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      restored = checkpointer.restore(
+          self._step_dir(step) / 'state', args=ocp.args.PyTreeRestore(
+              item={'params': abstract_params}, partial_restore=True,
+              restore_args={'params': ocp.checkpoint_utils.construct_restore_args(
+                  abstract_params)}))
     return restored['params']
 
   def restore(self, step: int, abstract_state) -> tuple[Any, Any]:
@@ -273,9 +389,11 @@ class Checkpointer:
       message = restore_messages.damaged_line(
           step, str(self.directory), error,
           f'{action} and falling back to the previous checkpoint')
-      logging.warning(message)
-      if jax.process_index() == 0:
+      if jax.process_index() == 0:  # once on the terminal; the library log keeps it too
         print(message, flush=True)
+        logging.info(message)
+      else:
+        logging.warning(message)
       if not self.read_only:
         self._quarantine(step)
     if steps and not allow_fresh_start:
@@ -343,8 +461,24 @@ class Checkpointer:
     return self._manager.reached_preemption(step)
 
   def wait(self):
-    self._manager.wait_until_finished()
+    self._finish_pending()
 
   def close(self):
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for the save in flight (CheckpointSaveError when it failed) and closes. After a
+    failed save it only lets go: nothing more is waited for or raised."""
+    if self._failed is None:
+      try:
+        self._finish_pending()
+      finally:
+        if self._failed is None:
+          self._manager.close()
+      return
+    self._abandon()
+
+  def _abandon(self) -> None:
+    """Closes after a failed save: Orbax's close raises the failed save again, which was
+    reported once already."""
+    try:
+      self._manager.close()
+    except Exception:  # pylint: disable=broad-except  (the failure was reported once)
+      logging.info('closing the checkpoint manager after a failed save', exc_info=True)

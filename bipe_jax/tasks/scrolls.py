@@ -22,6 +22,7 @@ import os
 import grain
 import numpy as np
 
+from bipe_jax import storage
 from bipe_jax.data import generated
 from bipe_jax.data import tokenizer as tokenizer_lib
 
@@ -54,19 +55,18 @@ def read_examples(data_config, split: str) -> list[dict]:
   """The split's examples as dicts with id / input / output (str)."""
   s = settings(data_config)
   if s['jsonl']:
-    path = os.path.join(os.path.expanduser(s['jsonl']), f'{split}.jsonl')
-    if not os.path.isfile(path):
+    path = storage.join(os.path.expanduser(s['jsonl']), f'{split}.jsonl')
+    if not storage.isfile(path):
       raise ValueError(f"data.scrolls_jsonl={s['jsonl']!r} has no {split}.jsonl (one JSON "
                        f'object per line with the fields {FIELDS})')
     out = []
-    with open(path, encoding='utf-8') as f:
-      for n, line in enumerate(f, 1):
-        if line.strip():
-          row = json.loads(line)
-          missing = [k for k in FIELDS if k not in row]
-          if missing:
-            raise ValueError(f'{path}:{n}: missing fields {missing} (need {FIELDS})')
-          out.append({k: str(row[k]) for k in FIELDS})
+    for n, line in enumerate(storage.read_bytes(path).decode('utf-8').splitlines(), 1):
+      if line.strip():
+        row = json.loads(line)
+        missing = [k for k in FIELDS if k not in row]
+        if missing:
+          raise ValueError(f'{path}:{n}: missing fields {missing} (need {FIELDS})')
+        out.append({k: str(row[k]) for k in FIELDS})
     if not out:
       raise ValueError(f'{path} holds no examples')
     return out
@@ -128,7 +128,7 @@ def get_tokenizer(data_config):
   if not path:
     raise ValueError("data.dataset='scrolls' needs data.tokenizer_path (a SentencePiece model, "
                      'e.g. <workdir>/tokenizer.model of the run being fine-tuned)')
-  if not os.path.isfile(os.path.expanduser(path)):
+  if not storage.isfile(os.path.expanduser(path)):
     raise ValueError(f'data.tokenizer_path={path!r} does not exist')
   return tokenizer_lib.Tokenizer(os.path.expanduser(path))
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from bipe_jax import kernels as kernels_lib
-from bipe_jax.training import loop_unroll
+from bipe_jax import loop_unroll
 
 
 def chunk_length(rows_per_shard: int, seq_len: int, chunk_tokens: int) -> int:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from etils import epath
-
+from bipe_jax import storage
 from bipe_jax.run_config import require
 from bipe_jax.state import checkpointing
 
@@ -24,9 +23,9 @@ def saved_data_shards(checkpoint_dir: str) -> Optional[int]:
   steps = checkpointing.step_dirs(checkpoint_dir)
   if not steps:
     return None
-  for path in sorted(epath.Path(steps[max(steps)]).glob('*/process_*.json')):
+  for path in storage.glob(steps[max(steps)], '*/process_*.json'):
     try:
-      state = json.loads(path.read_text()).get('json')
+      state = json.loads(storage.read_bytes(path)).get('json')
     except (OSError, ValueError):
       continue
     if isinstance(state, dict) and isinstance(state.get('num_shards'), int):

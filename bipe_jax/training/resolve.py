@@ -81,6 +81,7 @@ def resolve(config, *, device_count: int, tokenizer: Any = None,
   checkpoint = run_config_lib.section_from_dict('checkpoint', config.checkpoint)
   mesh = run_config_lib.section_from_dict('mesh', config.mesh)
   check_layout(data, train, mesh, device_count)
+  check_randomized_positions(model_config, data, mesh, device_count)
   return run_config_lib.RunConfig(model=model_config, data=data, train=train,
                                   checkpoint=checkpoint, mesh=mesh)
 
@@ -178,6 +179,23 @@ def tokenizer_fields(model: dict, data_config, tokenizer,
     except ValueError as e:
       raise ConfigError(f'model.separators={mode!r}: {e}') from None
   return out
+
+
+def check_randomized_positions(model: model_config_lib.ModelConfig,
+                               data: run_config_lib.DataConfig, mesh: run_config_lib.MeshConfig,
+                               device_count: int) -> None:
+  """model.randomized_positions=L draws data.seq_len distinct positions of 0..L-1 per row,
+  whole rows (no context axis)."""
+  big_l = model.randomized_positions
+  if not big_l:
+    return
+  require(big_l >= data.seq_len, 'model.randomized_positions', big_l,
+          f'must be 0 (off) or >= data.seq_len={data.seq_len} (a row takes seq_len distinct '
+          f'positions of 0..L-1)')
+  shape = mesh_lib.resolve_mesh_shape(mesh.sizes, device_count)
+  require(shape[mesh_lib.MESH_AXES.index(mesh_lib.CONTEXT_AXIS)] == 1,
+          'model.randomized_positions', big_l, 'needs mesh.context=1 (each row draws its '
+          'positions whole)')
 
 
 def check_layout(data: run_config_lib.DataConfig, train: run_config_lib.TrainConfig,

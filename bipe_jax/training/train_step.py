@@ -86,13 +86,23 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
   [B, T, V] logits, same loss and gradients up to float rounding. 0 = the model's logits.
   """
   batch = {k: v for k, v in batch.items() if k in ('tokens', 'loss_mask')}
+  # Randomized positions (model.randomized_positions): drawn from fold_in(state.rng, step), and
+  # micro-batch j of an accumulated step from fold_in of that key and j; the same step draws the
+  # same positions, so a resumed run repeats them exactly.
+  step_rng = jax.random.fold_in(state.rng, state.step)
+  randomize = bool(getattr(getattr(model, 'config', None), 'randomized_positions', 0))
 
-  def loss_sum(params, micro_batch):
+  def apply(params, tokens_bxT, micro_rng, **kwargs):
+    if randomize:
+      kwargs.update(positions_rng=micro_rng)
+    return model.apply({'params': params}, tokens_bxT, **kwargs)
+
+  def loss_sum(params, micro_batch, micro_rng=step_rng):
     tokens_bxT = micro_batch['tokens']
     if not loss_chunk_tokens:
-      logits = model.apply({'params': params}, tokens_bxT)
+      logits = apply(params, tokens_bxT, micro_rng)
       return next_token_nll(logits, tokens_bxT, pad_id, micro_batch.get('loss_mask'))
-    hidden = model.apply({'params': params}, tokens_bxT, return_hidden=True)
+    hidden = apply(params, tokens_bxT, micro_rng, return_hidden=True)
     targets, valid = scored_targets(tokens_bxT, pad_id, micro_batch.get('loss_mask'))
     b, t = tokens_bxT.shape
     tc = chunked_loss.chunk_length(max(1, b // batch_shards), t, loss_chunk_tokens)
@@ -111,15 +121,17 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
         P(None, mesh_lib.BATCH_AXES, mesh_lib.CONTEXT_AXIS))
     micro = jax.tree.map(split, batch)
 
-    def body(carry, micro_batch):
-      (nll_i, count_i), grads_i = grad_fn(state.params, micro_batch)
+    def body(carry, micro):
+      micro_batch, j = micro
+      (nll_i, count_i), grads_i = grad_fn(state.params, micro_batch,
+                                          jax.random.fold_in(step_rng, j))
       acc_grads, acc_nll, acc_count = carry
       return (jax.tree.map(jnp.add, acc_grads, grads_i), acc_nll + nll_i,
               acc_count + count_i), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (grads, nll_sum, count), _ = jax.lax.scan(
-        body, (zeros, jnp.float32(0), jnp.float32(0)), micro)
+        body, (zeros, jnp.float32(0), jnp.float32(0)), (micro, jnp.arange(a)))
   denom = jnp.maximum(count, 1.0)
   grads = jax.tree.map(lambda g: g / denom, grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -14,7 +14,9 @@ makes the loop save a checkpoint at the step it has reached and return cleanly.
 
 import dataclasses
 import math
+import os
 import signal
+import sys
 import threading
 from typing import Callable, Optional
 
@@ -26,6 +28,7 @@ from jax.experimental import multihost_utils
 from bipe_jax import run_config as run_config_lib
 from bipe_jax.runs import tokenizer as run_tokenizer
 from bipe_jax import storage
+from bipe_jax import storage_faults
 from bipe_jax.state import checkpointing
 from bipe_jax.training import data_shards as data_shards_lib
 from bipe_jax.training import data_loading
@@ -72,6 +75,8 @@ class _Preemption:
     self._checkpointer = checkpointer
     self._previous = {}
     self._multi = jax.process_count() > 1
+    self._deadline = None
+    self._grace_s = stop_grace_s()
     self.signal_name = None
     if not self._multi and threading.current_thread() is threading.main_thread():
       for signum in self.SIGNALS:
@@ -80,6 +85,22 @@ class _Preemption:
   def _handle(self, signum, _):
     self.signal_name = signal.Signals(signum).name
     self._flag.set()
+    if self._deadline is None:  # the first signal: the run has STOP_GRACE_S to save and end
+      self._deadline = threading.Timer(self._grace_s, self._give_up)
+      self._deadline.daemon = True
+      self._deadline.start()
+
+  def _give_up(self):
+    """The run did not end within the grace after the signal (a checkpoint save waiting on a
+    bucket that does not answer): one line, and the process ends now with EXIT_STORAGE."""
+    from bipe_jax.cli import EXIT_STORAGE  # pylint: disable=g-import-not-at-top
+    last = self._checkpointer.last_saved_step()
+    kept = f'step {last}' if last is not None else 'none'
+    sys.stdout.flush()
+    print(f'error: still running {self._grace_s:.0f} s after {self.signal_name}: the '
+          f'checkpoint save did not finish (is the storage answering?); exiting without it. '
+          f'The last checkpoint saved: {kept}', file=sys.stderr, flush=True)
+    os._exit(EXIT_STORAGE)  # pylint: disable=protected-access
 
   def reached(self, step: int) -> bool:
     if self._multi:
@@ -87,8 +108,32 @@ class _Preemption:
     return self._flag.is_set()
 
   def close(self):
+    """Restores the signal handlers and disarms the deadline: called last, once the run's
+    checkpoint and files are closed."""
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
+    if self._deadline is not None:
+      self._deadline.cancel()
+
+
+STOP_GRACE_ENV = 'BIPE_JAX_STOP_GRACE_S'
+DEFAULT_STOP_GRACE_S = 180.0
+
+
+def stop_grace_s(environ=None) -> float:
+  """Seconds a run may take to save and end after SIGTERM / Ctrl-C (STOP_GRACE_ENV, default
+  DEFAULT_STOP_GRACE_S) before it exits without its checkpoint; a bad value is a ValueError."""
+  environ = os.environ if environ is None else environ
+  text = environ.get(STOP_GRACE_ENV, '').strip()
+  if not text:
+    return DEFAULT_STOP_GRACE_S
+  try:
+    value = float(text)
+  except ValueError:
+    value = -1.0
+  if value <= 0:
+    raise ValueError(f'{STOP_GRACE_ENV}={text!r}: must be a number of seconds > 0')
+  return value
 
 
 def _barrier(name: str):
@@ -192,6 +237,12 @@ def steps_to_train(start_step: int, total_steps: int) -> str:
           '(raise --config.train.steps to train further)')
 
 
+def attention_choice(configured: str, chosen: str) -> str:
+  """'pallas (auto on this platform)' or 'blockwise' (set by the config): the start line's
+  words for the attention implementation the step runs."""
+  return f'{chosen} (auto on this platform)' if configured == 'auto' else chosen
+
+
 def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *,
            model: Optional[nn.Module], make_iterator: Optional[Callable]) -> TrainResult:
   """`train` once its config is checked (`early`: resolved without the facts read from the
@@ -222,7 +273,7 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
         f'training run to resume: fine-tune from it in a new workdir with '
         f'--config.train.init_from={workdir}')
   try:
-    run_record.check_resume(workdir, recorded)
+    run_record.check_resume(workdir, recorded, checkpointing.step_dirs(ckpt_dir))
   except run_record.ResumeMismatchError as e:
     raise run_config_lib.ConfigError(str(e)) from None
   if is_main:
@@ -230,6 +281,11 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
 
   setup = setup_lib.build(resolved, mesh, model=model)
   model, shardings = setup.model, setup.shardings
+  # model.attention_impl='auto' is resolved for the mesh's platform (platform_choices.py):
+  # config.json and the start line record the implementation the step runs
+  chosen_impl = getattr(getattr(model, 'config', None), 'attention_impl', None)
+  if chosen_impl:
+    recorded.model.attention_impl = chosen_impl
   checkpointer = checkpointing.Checkpointer(
       ckpt_dir, every_steps=resolved.checkpoint.every_steps, keep=resolved.checkpoint.keep,
       async_save=resolved.checkpoint.async_save)
@@ -281,7 +337,9 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
     if is_main:  # only now: a failed restore never replaces the record of what was trained
       run_record.write_config(workdir, recorded)
     logger.event(f'mesh {dict(mesh.shape)} on {jax.device_count()} devices, '
-                 f'{jax.process_count()} processes; {steps_to_train(start_step, t.steps)}')
+                 f'{jax.process_count()} processes; {steps_to_train(start_step, t.steps)}'
+                 + (f'; attention {attention_choice(resolved.model.attention_impl, chosen_impl)}'
+                    if chosen_impl else ''))
     logger.event(f'MFU is measured against {peak_source}')
     if shards_message:
       logger.event(shards_message)
@@ -302,13 +360,38 @@ def _train(config, early: run_config_lib.RunConfig, facts: dict, workdir: str, *
       if end.exhausted:
         record.data_ended(end, start_step, resolved)
   finally:
-    preemption.close()
-    checkpointer.close()
-    if logger is not None:
-      logger.close()
+    _close_after_run(preemption, checkpointer, logger, ckpt_dir, failure=sys.exc_info()[1])
   return TrainResult(step=end.step, start_step=start_step, losses=record.losses,
                      preempted=end.stopped, checkpoint_steps=record.saved,
                      stop_signal=record.signal_name() if end.stopped else None)
+
+
+def _close_after_run(preemption, checkpointer, logger, ckpt_dir: str, *,
+                     failure: Optional[BaseException]):
+  """Ends a run: the save in flight waited for (CheckpointSaveError when it failed), the
+  progress files closed, the signal handlers back. When the run is already failing (`failure`),
+  each is closed as far as it goes and its own error goes to the library log: the run reports
+  the first failure, in one line; a bucket that stopped answering gets the checkpoint the run
+  can resume from added to its line."""
+  closers = [checkpointer.close] + ([logger.close] if logger else []) + [preemption.close]
+  error = None
+  for close in closers:
+    try:
+      close()
+    except Exception as e:  # pylint: disable=broad-except
+      if failure is not None or error is not None:
+        logging.info('closing %s after a failure', close, exc_info=True)
+      else:
+        error = e
+  if isinstance(failure, storage_faults.StorageUnreachableError):
+    last = checkpointer.last_saved_step()
+    kept = (f'the last checkpoint saved is step {last} in {ckpt_dir}' if last is not None
+            else 'no checkpoint was saved')
+    raise storage_faults.StorageUnreachableError(
+        f'{failure}; stopping: {kept}, and running the same command resumes from it once the '
+        'storage answers') from None
+  if error is not None:
+    raise error
 
 
 class _Record:
@@ -325,6 +408,7 @@ class _Record:
     self.last_good = last_good
 
   def consume(self, step: int, scalars: dict):
+    self.checkpointer.poll()  # a failed background save stops the run at once
     _check_finite(step, scalars, self.last_good, self.ckpt_dir)
     self.losses[step] = float(scalars['loss'])
     self.logger.record(step, scalars)

@@ -158,14 +158,14 @@ def test_refused_encoding_says_why():
 
 
 def _fake_cell(calls):
-  def run_cell(task_name, encoding, seed, budget, plan, segmentation, progress):
+  def run_cell(task_name, encoding, seed, budget, plan, segmentation, progress, **settings):
     calls.append((task_name, encoding, seed))
     import dataclasses
     return dict(task=task_name, level='regular', encoding=encoding, seed=seed,
                 segmentation=cell.segmentation_of(encoding, segmentation),
                 score=0.1 * (seed + 1), in_distribution=1.0, scored_lengths='x',
                 accuracy={'1': 1.0, '41': 0.1 * (seed + 1)},
-                budget=dataclasses.asdict(budget), eval=dataclasses.asdict(plan))
+                budget=dataclasses.asdict(budget), eval=dataclasses.asdict(plan), **settings)
   return run_cell
 
 
@@ -287,3 +287,24 @@ def test_one_cell_end_to_end_learns_in_distribution(tmp_path):
   assert result['in_distribution'] > 0.95, result
   assert result['final_loss'] < 0.2, result
   assert set(result['accuracy']) == {'1', '2', '41'}
+
+
+@pytest.mark.parametrize('script', ['eval/che.py', 'eval/che_sweep.py'])
+def test_help_lists_every_flag_its_usage_line_uses(script):
+  """`--help` lists the flags the CHE programs share (bipe_jax/che/flags.py: --seeds, --steps,
+  --output_dir, ...), not only the script's own: every --flag of the docstring's usage lines
+  and every shared flag is in it."""
+  import re  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from tests import fixtures  # pylint: disable=g-import-not-at-top
+  from tests import forkserver  # pylint: disable=g-import-not-at-top
+  proc = forkserver.run([sys.executable, script, '--help'], cwd=fixtures.ROOT,
+                        env=fixtures.cpu_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  listed = set(re.findall(r'^\s+--(?:\[no\])?(\w+):', proc.stdout, re.M))
+  with open(os.path.join(fixtures.ROOT, script), encoding='utf-8') as f:
+    usage = f.read().split('"""')[1]
+  used = set(re.findall(r'--(\w+)=', usage))
+  shared = {'seeds', 'steps', 'output_dir', 'eval_lengths', 'batch_size', 'shard', 'queue_dir'}
+  assert used and used <= listed, sorted(used - listed)
+  assert shared <= listed, sorted(shared - listed)

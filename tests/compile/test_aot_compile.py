@@ -141,6 +141,7 @@ def test_eval_step_and_cli_table_and_json(tmp_path, capsys):
   # a line before the (long) compile, then the table
   assert printed.out.startswith('compiling the training step and the evaluation forward at 32 '
                                 f'for {TOPOLOGY} (')
+  assert 'scan_layers False, attention pallas\n' in printed.out  # 'auto' on a TPU topology
   for label in ('parameters', 'optimizer state', 'temporaries', 'total', 'HBM', 'fits',
                 'model TFLOPs per step', 'all-gather (ops / arrays)', 'compile time', 'eval@32'):
     assert label in printed.out, label

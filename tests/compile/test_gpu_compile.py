@@ -107,3 +107,24 @@ def test_compile_cli_compiles_for_h100_without_a_gpu(tmp_path):
   assert figures['fits'] and figures['num_devices'] == 2
   assert train['argument_bytes'] > 0 and train['temp_bytes'] > 0
   assert train['collectives']['all-reduce']['ops'] >= 1  # data-parallel gradient reduction
+
+
+def test_no_topology_on_a_gpu_platform_asks_for_one(capsys):
+  """Without --topology a TPU compile uses v5e:2x4; a GPU compile gets no TPU name (the
+  `unknown GPU 'v5e'` of old) but one line asking for a GPU topology, exit 2."""
+  assert compile_cli.resolve_topology('', 'tpu') == compile_cli.DEFAULT_TPU_TOPOLOGY == 'v5e:2x4'
+  assert compile_cli.resolve_topology('h100:8', 'cuda') == 'h100:8'
+  assert compile_cli.resolve_topology('v4:2x2x1', 'tpu') == 'v4:2x2x1'
+  with pytest.raises(topologies.CompileError, match='--platform=cuda needs --topology=GPU:COUNT'):
+    compile_cli.resolve_topology('', 'cuda')
+  assert compile_cli.run(tiny.get_config(), '', platform='cuda') == 2
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and 'h100:8' in err and 'v5e' not in err, err
+  # the command line of the issue: the flag's default is no topology
+  proc = forkserver.run([sys.executable, 'train/compile.py',
+                         '--config=configs/paper_151m.py:bipe_alibi', '--platform=cuda'],
+                        cwd=ROOT, env=fixtures.cpu_env(), capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert proc.stderr.strip() == ('error: --platform=cuda needs --topology=GPU:COUNT or '
+                                 'GPU:HOSTSxCOUNT (e.g. ' + compile_cli.GPU_TOPOLOGY_EXAMPLES + ')')

@@ -181,6 +181,28 @@ def test_paper_preset_shrunk_by_flags_trains_3_steps_on_a_pile_folder(tmp_path):
   assert steps[-1] == 3 and all(np.isfinite(r['loss']) for r in records if 'loss' in r)
   saved = json.load(open(workdir / 'config.json'))
   assert saved['data']['dataset'] == 'pile'
+  # subsets the evaluation cannot score: one line each (a name that is no subset before any
+  # checkpoint is read), and no traceback after it (no Orbax object left to the interpreter's
+  # exit)
+  # (real interpreters, not tests/forkserver.py's forks: what they print at exit counts too)
+  import subprocess  # pylint: disable=g-import-not-at-top
+  for subset, says, loaded in (('PG-19', "--pile_subset=PG-19: 'PG-19' is not a Pile subset", 0),
+                               ('Books3', "dataset 'pile' is not built in ", 1)):
+    proc = subprocess.run(
+        [sys.executable, 'eval/perplexity.py', f'--workdir={workdir}', f'--pile_subset={subset}',
+         '--lengths=32', '--output='],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=fixtures.cpu_env())
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    assert len(proc.stdout.splitlines()) == loaded, proc.stdout  # the run's line, once loaded
+    assert proc.stderr.startswith(f'error: {says}') and proc.stderr.count('\n') == 1, proc.stderr
+  # training on subsets the folder does not hold: one line, not TFDS's traceback
+  proc = subprocess.run(
+      [sys.executable, 'train/main.py', '--config=configs/paper_151m.py:bipe_rope',
+       f'--workdir={tmp_path / "books"}', *flags, '--config.data.pile_subsets=Books3'],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, env=fixtures.cpu_env())
+  assert proc.returncode == 2 and proc.stdout == '', proc.stdout + proc.stderr[-3000:]
+  assert proc.stderr.startswith("config error: data.pile_subsets='Books3': split 'train' of "
+                                'data.pile_dir=') and proc.stderr.count('\n') == 1, proc.stderr
 
 
 @pytest.mark.slow
@@ -225,3 +247,93 @@ def test_evaluation_scores_one_subsets_validation_split():
   config.data.dataset = 'embedded'
   with pytest.raises(ValueError, match='--pile_subset=arxiv needs data.dataset=pile'):
     eval_cli.data_config_for(run, pile_subset='arxiv')
+
+
+def test_evaluation_flags_for_the_pile_are_checked_before_any_checkpoint():
+  """--dataset=pile needs the Pile's folder (--pile_dir, or the run's data.pile_dir); the flag
+  reaches the data config; a bad --pile_subset or a --pile_dir without the Pile names the flag."""
+  from bipe_jax.evaluation import cli as eval_cli  # pylint: disable=g-import-not-at-top
+  text_run = types.SimpleNamespace(config=base.get_base_config())
+  text_run.config.data.tokenizer_path = '/runs/r/tokenizer.model'
+  with pytest.raises(ValueError, match=r'^--dataset=pile: this run has no data.pile_dir; give '
+                                       r'--pile_dir=FOLDER'):
+    eval_cli.check_data_flags(text_run.config.data, dataset='pile')
+  c = eval_cli.data_config_for(text_run, dataset='pile', pile_dir='/data/pile',
+                               pile_subset='arxiv')
+  assert (c.dataset, c.pile_dir, c.pile_subsets, c.pile_splits) == (
+      'pile', '/data/pile', 'ArXiv', 'validation')
+  assert c.tokenizer_path == '/runs/r/tokenizer.model'  # the run's own
+  assert text_run.config.data.pile_dir == ''  # the run's config untouched
+  with pytest.raises(ValueError, match=r'^--pile_dir=/data/pile needs data.dataset=pile'):
+    eval_cli.check_data_flags(text_run.config.data, pile_dir='/data/pile')
+  with pytest.raises(ValueError, match=r"^--pile_subset=PG-19: 'PG-19' is not a Pile subset"):
+    eval_cli.check_data_flags(text_run.config.data, dataset='pile', pile_dir='/p',
+                              pile_subset='PG-19')
+  pile_run = paper_151m.get_config('rope').data
+  pile_run.pile_dir = '/data/pile'
+  eval_cli.check_data_flags(pile_run)  # the run's own folder: nothing to give
+
+
+def test_perplexity_cli_takes_pile_dir(trained_run, tmp_path):
+  """eval/perplexity.py --dataset=pile on a text run: without --pile_dir one line before any
+  checkpoint is read; with it, the folder is the one the data config names (here: not built in
+  the empty --data_dir, so the line names the dataset folder made from that Pile folder)."""
+  from bipe_jax.evaluation import cli as eval_cli  # pylint: disable=g-import-not-at-top
+  from bipe_jax.runs import restore as run_restore  # pylint: disable=g-import-not-at-top
+  folder, data_dir = tmp_path / 'pile', tmp_path / 'data'
+  fixtures.make_pile_folder(folder)
+  command = [sys.executable, 'eval/perplexity.py', f'--workdir={trained_run}', '--lengths=32',
+             '--output=', '--dataset=pile', f'--data_dir={data_dir}']
+  proc = forkserver.run(command, cwd=ROOT, env=fixtures.cpu_env(), capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 2 and proc.stdout == '', proc.stdout + proc.stderr[-2000:]
+  assert proc.stderr.startswith('error: --dataset=pile: this run has no data.pile_dir; give '
+                                '--pile_dir=') and proc.stderr.count('\n') == 1, proc.stderr
+  proc = forkserver.run(command + [f'--pile_dir={folder}'], cwd=ROOT, env=fixtures.cpu_env(),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  wanted = eval_cli.data_config_for(
+      types.SimpleNamespace(config=run_restore.read_config(trained_run)), dataset='pile',
+      data_dir=str(data_dir), pile_dir=str(folder))
+  root = tfds_builders.dataset_root(wanted)
+  assert os.path.basename(os.path.dirname(root)) == 'bipe_pile'
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: dataset 'pile' is not built in ") and root in last, last
+  assert 'Traceback' not in proc.stderr
+
+
+def test_a_subset_the_folder_lacks_is_one_line_and_the_failed_build_leaves_nothing(tmp_path):
+  """Selecting subsets no record of the folder names: one line (not TFDS's 'No examples were
+  yielded' traceback). The failed build removes what it made in data_dir: the whole folder when
+  it did not exist, only the new entries when it did (what was there stays)."""
+  fixtures.make_pile_folder(tmp_path / 'pile')
+  cfg = pile_config(tmp_path, tmp_path / 'pile', pile_subsets='Books3', pile_splits='validation')
+  message = (r"^data.pile_subsets='Books3': split 'validation' of data.pile_dir='.*pile' holds "
+             r'no document of those subsets')
+  with pytest.raises(ValueError, match=message):
+    data_lib.prepare(cfg)
+  assert not os.path.exists(cfg.data_dir)
+  os.makedirs(os.path.join(cfg.data_dir, 'bipe_pile', 'older'))
+  kept = os.path.join(cfg.data_dir, 'bipe_pile', 'older', 'keep.txt')
+  with open(kept, 'w', encoding='utf-8') as f:
+    f.write('built before')
+  with pytest.raises(ValueError, match=message):
+    data_lib.prepare(cfg)
+  found = sorted(os.path.relpath(os.path.join(d, n), cfg.data_dir)
+                 for d, dirs, files in os.walk(cfg.data_dir) for n in dirs + files)
+  assert found == ['bipe_pile', 'bipe_pile/older', 'bipe_pile/older/keep.txt'], found
+
+
+def test_build_data_refused_leaves_no_data_dir(tmp_path):
+  """train/build_data.py with a name that is no Pile subset: one line, and no data_dir left
+  holding only the preparation's lock file."""
+  fixtures.make_pile_folder(tmp_path / 'pile')
+  data_dir = tmp_path / 'data'
+  proc = forkserver.run(
+      [sys.executable, 'train/build_data.py', '--dataset=pile', f'--pile_dir={tmp_path / "pile"}',
+       f'--data_dir={data_dir}', '--pile_subsets=PG-19', '--pile_splits=validation'],
+      cwd=ROOT, env=fixtures.cpu_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert proc.stderr.startswith("error: data.pile_subsets='PG-19': 'PG-19' is not a Pile subset")
+  assert proc.stderr.count('\n') == 1, proc.stderr
+  assert not data_dir.exists()

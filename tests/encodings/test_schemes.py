@@ -9,7 +9,8 @@ from bipe_jax.schemes import SCHEME_NAMES, Scheme, get_scheme
 
 # the schemes that read segments (the paper's BiPE family), written out by hand
 BILEVEL = {'bipe_rope', 'bipe_alibi', 'bipe_kerple', 'bipe_fire', 'bipe_dape_kerple', 'bipe3_rope',
-           'bipe_fox', 'bipe_fox_bias_only'}
+           'bipe_fox', 'bipe_fox_bias_only', 'bipe_fox_pro'}
+FOX_PRO = {'fox_pro', 'bipe_fox_pro'}
 
 # name -> (input, input_stream, rotary, bias, bias_stream, transform), written out by hand from
 # the papers' descriptions (docs/design.md) (input_stream / bias_stream only where they matter).
@@ -24,6 +25,7 @@ EXPECTED = {
     't5': ('none', None, 'none', 't5', 'token', 'none'),
     'fox': ('none', None, 'none', 'fox', 'token', 'none'),
     'fox_bias_only': ('none', None, 'none', 'fox_bias_only', 'token', 'none'),
+    'fox_pro': ('none', None, 'none', 'fox', 'token', 'none'),
     'cope': ('none', None, 'none', 'none', None, 'cope'),
     'dape_alibi': ('none', None, 'none', 'alibi', 'token', 'dape_v1'),
     'dape_kerple': ('none', None, 'none', 'kerple', 'token', 'dape_v1'),
@@ -35,6 +37,7 @@ EXPECTED = {
     'bipe_fire': ('learned', 'intra', 'none', 'fire', 'inter', 'none'),
     'bipe_fox': ('learned', 'intra', 'none', 'fox', 'inter', 'none'),
     'bipe_fox_bias_only': ('learned', 'intra', 'none', 'fox_bias_only', 'inter', 'none'),
+    'bipe_fox_pro': ('learned', 'intra', 'none', 'fox', 'inter', 'none'),
     'bipe_dape_kerple': ('learned', 'intra', 'none', 'kerple', 'inter', 'dape_v1'),
     'bipe3_rope': ('learned', 'intra', 'hierarchical', 'none', None, 'none'),
 }
@@ -42,7 +45,7 @@ EXPECTED = {
 
 def test_names_are_exactly_the_spec_list():
   assert SCHEME_NAMES == tuple(EXPECTED)
-  assert len(set(SCHEME_NAMES)) == 23
+  assert len(set(SCHEME_NAMES)) == 25
 
 
 @pytest.mark.parametrize('name', SCHEME_NAMES)
@@ -61,6 +64,7 @@ def test_hooks(name):
   assert s.uses_learned_absolute == (name == 'learned')
   assert s.has_bias_or_transform == (bias != 'none' or transform != 'none')
   assert s.uses_forget_gate == bias.startswith('fox')
+  assert s.fox_pro == (name in FOX_PRO)
   assert s.alibi_slope_factor == (96.0 if name == 'bipe_alibi' else 1.0)
 
 
@@ -82,6 +86,11 @@ def test_unknown_name_lists_valid_names():
 def test_invalid_hook_values_are_rejected(field, value):
   with pytest.raises(ValueError, match=field):
     Scheme('custom', **{field: value})
+
+
+def test_fox_pro_needs_a_forget_gate():
+  with pytest.raises(ValueError, match='FoX Pro parts need a forget-gate bias'):
+    Scheme('custom', bias='alibi', fox_pro=True)
 
 
 def test_transform_needs_a_bias():

@@ -283,3 +283,30 @@ def test_a_bipe_run_without_stored_separators_is_refused(tmp_path):
     json.dump(saved, f)
   with pytest.raises(runs_lib.RunError, match=r'config.json: .*bipe_rope.*separator'):
     runs_lib.load_run(path)
+
+
+def test_cli_on_a_damaged_newest_checkpoint_prints_two_lines_and_no_traceback(trained_run,
+                                                                             tmp_path):
+  """eval/perplexity.py on a run whose newest checkpoint has its largest array file cut: one
+  line for the damaged step, one for the step used, then the results; no traceback of the
+  failed reads ("Event loop is closed"), nothing moved."""
+  path = fixtures.copy_run(trained_run, tmp_path)
+  step_dir = os.path.join(path, 'checkpoints', '4', 'state')
+  data_files = [os.path.join(d, f) for d, _, files in os.walk(step_dir) for f in files
+                if os.path.getsize(os.path.join(d, f)) > 1000 and 'metadata' not in f]
+  with open(max(data_files, key=os.path.getsize), 'r+b') as f:
+    f.truncate(10)
+  # a real interpreter (not tests/forkserver.py's fork): what it prints at its exit counts too
+  import subprocess  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run([sys.executable, 'eval/perplexity.py', f'--workdir={path}',
+                         '--lengths=32', '--max_tokens=400', '--output='],
+                        cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  err = [l for l in proc.stderr.splitlines() if l.strip() and 'block/s' not in l]  # tqdm's bar
+  assert len(err) == 2, proc.stderr[-3000:]
+  assert err[0].startswith('WARNING: checkpoint step 4 in ') and 'is damaged' in err[0]
+  assert err[1] == 'using checkpoint step 2, the newest that restores'
+  out = proc.stdout.splitlines()
+  assert len(out) == 4 and out[0].startswith(f'{path}: bipe_rope, step 2'), proc.stdout
+  assert 'Traceback' not in proc.stderr + proc.stdout
+  assert sorted(os.listdir(os.path.join(path, 'checkpoints'))) == ['2', '4']

@@ -70,6 +70,14 @@ SMOKE = {
     # way (compile_row: train/compile.py with --output), see _DRIVER: one layer, vocabulary 512,
     # batch 8 (4.8 CPU-seconds, against 13.8 at the tiny preset's 4,096 and 32).
     'compile_table.py': ('tpu', ['--table_only', '--dir', '{tmp}/compile_table']),
+    # Two encodings and the stock splash anchor, one layer each (the step-difference check,
+    # --check_step, compiles two whole steps more: left to the benchmark's own runs).
+    'tpu_layer_cost.py': ('tpu', ['--encodings', 'bipe_rope,bipe_alibi', '--impls', 'pallas',
+                                  '--batch_per_chip', '1', '--seq', '256', '--width', '128',
+                                  '--heads', '2', '--ffn', '256', '--vocab', '512',
+                                  '--block_size', '128', '--splash_block', '128',
+                                  '--topology', 'v5e:2x2',
+                                  '--out', '{tmp}/tpu_layer_cost']),
 }
 
 _DRIVER = r'''

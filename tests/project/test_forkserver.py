@@ -113,3 +113,19 @@ def test_a_different_startup_environment_runs_a_plain_subprocess(script):
   env = dict(os.environ, JAX_FORKSERVER_PROBE='1')  # a JAX_ variable: read at import
   proc = forkserver.run([sys.executable, script, 'state'], capture_output=True, env=env)
   assert json.loads(proc.stdout)['parent'] == os.getpid()
+
+
+def test_a_child_follows_the_requests_storage_emulator(tmp_path):
+  """bipe_jax.storage, imported by the server, points the other GCS clients at
+  STORAGE_EMULATOR_HOST when imported: a forked child gets what a fresh import would set."""
+  code = ('import os, bipe_jax.storage; print(os.environ.get("TENSORSTORE_GCS_HTTP_URL"), '
+          'os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT"))')
+  env = dict(fixtures.cpu_env(), STORAGE_EMULATOR_HOST='127.0.0.1:9')
+  for name in ('TENSORSTORE_GCS_HTTP_URL', 'CLOUD_STORAGE_EMULATOR_ENDPOINT'):
+    env.pop(name, None)
+  argv = [sys.executable, '-c', code]
+  forked = forkserver.run(argv, capture_output=True, text=True, cwd=str(tmp_path), env=env)
+  plain = subprocess.run(argv, capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                         check=False)
+  assert forked.stdout == plain.stdout == 'http://127.0.0.1:9 http://127.0.0.1:9\n', (
+      forked.stderr[-2000:])

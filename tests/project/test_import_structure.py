@@ -1,8 +1,10 @@
 """The library's modules import each other without circles (function-local imports included),
-and the data layer never imports a task: generated datasets are found through their registry."""
+and each layer imports only the layers above it in docs/layout.md, the one place that order
+is written: storage at the bottom of the house, the command-line programs' logic on top."""
 
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -84,76 +86,89 @@ def test_no_import_circles_in_the_library():
   assert circles(graph) == []
 
 
-def test_the_data_layer_imports_no_task():
-  graph = import_graph()
-  offenders = {m: sorted(t for t in targets if _layer(t) == 'tasks')
-               for m, targets in graph.items() if _layer(m) == 'data'}
-  assert {m: t for m, t in offenders.items() if t} == {}
+LAYOUT = os.path.join(fixtures.ROOT, 'docs', 'layout.md')
+# Imports that go upward in docs/layout.md's order, each with the reason it stays: none.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 
-def test_training_and_evaluation_do_not_import_each_other_through_run_restoring():
-  """Restoring a run (evaluation, generation, init_from, convert) and scoring blocks (evaluation,
-  the trainer's validation) live below both packages: training imports no evaluation module, and
-  neither shared module imports evaluation or the trainer."""
-  graph = import_graph()
-  into_evaluation = {m: sorted(t for t in targets if _layer(t) == 'evaluation')
-                     for m, targets in graph.items()
-                     if _layer(m) == 'training' or m in ('bipe_jax.runs.restore',
-                                                                   'bipe_jax.block_scoring')}
-  assert {m: t for m, t in into_evaluation.items() if t} == {}
-  assert 'bipe_jax.runs.restore' in graph['bipe_jax.training.init_from']
-  assert 'bipe_jax.block_scoring' in graph['bipe_jax.training.validation']
-  for shared in ('bipe_jax.runs.restore', 'bipe_jax.block_scoring'):
-    assert 'bipe_jax.training.trainer' not in graph[shared]
-
-
-LAYERS = ('state', 'runs', 'training', 'compile')  # each imports only the layers before it
-LEAVES = frozenset({'bipe_jax.storage'})  # imports no bipe_jax module; any layer may
+def layer_order(markdown: str) -> list[str]:
+  """The layers of bipe_jax in docs/layout.md's order: the names of the entries `  NAME.py` /
+  `  NAME/` (two spaces in) under the line `bipe_jax/` of its first code block, up to the next
+  unindented line ('__init__.py' -> '__init__')."""
+  block = re.search(r'^```\n(.*?)^```', markdown, re.S | re.M)
+  if block is None:
+    raise ValueError('docs/layout.md has no code block with the layout')
+  order, inside = [], False
+  for line in block.group(1).splitlines():
+    if line.startswith('bipe_jax/'):
+      inside = True
+    elif inside and line and not line.startswith(' '):
+      break
+    elif inside and (entry := re.match(r'  (\w+)(\.py|/)(\s|$)', line)):
+      order.append(entry.group(1))
+  return order
 
 
 def _layer(module: str) -> str:
-  """'bipe_jax.state.mesh' -> 'state'; 'bipe_jax.model' -> 'model'."""
+  """'bipe_jax.state.mesh' -> 'state'; 'bipe_jax.model' -> 'model'; 'bipe_jax' -> '__init__'."""
   parts = module.split('.')
-  return parts[1] if len(parts) > 1 else ''
+  return parts[1] if len(parts) > 1 else '__init__'
 
 
-def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
-  """module -> the modules of a later layer of LAYERS it imports (the attention package counts as
-  below all of them); LEAVES are exempt."""
-  rank = lambda m: LAYERS.index(_layer(m)) if _layer(m) in LAYERS else -1  # pylint: disable=unnecessary-lambda-assignment
-  upward = {}
+def upward_imports(graph: dict[str, set[str]], order: list[str]) -> dict[str, list[str]]:
+  """module -> the modules of a layer after its own in `order` that it imports (less
+  ALLOWED_UPWARD)."""
+  rank = {layer: i for i, layer in enumerate(order)}
+  place = lambda m: rank.get(_layer(m), len(order))  # pylint: disable=unnecessary-lambda-assignment
+  upward = {}  # (a module the order does not place counts as the top)
   for module, targets in graph.items():
-    if _layer(module) not in LAYERS + ('attention',):
-      continue
-    for target in sorted(targets - LEAVES):
-      if _layer(target) in LAYERS and rank(target) > rank(module):
+    for target in sorted(targets):
+      if (place(target) > place(module)
+          and (module, target) not in ALLOWED_UPWARD):
         upward.setdefault(module, []).append(target)
   return upward
 
 
+def test_the_layout_parser_reads_the_entries_in_order():
+  markdown = ('text\n```\nbipe_jax/   the library\n  storage.py    files\n'
+              '                continued: not an entry\n  __init__.py   x\n  state/   y\n'
+              '    nested.py   not a layer\nconfigs/   presets\n  tiny.py   not bipe_jax\n```\n')
+  assert layer_order(markdown) == ['storage', '__init__', 'state']
+
+
 def test_the_layer_rule_finds_an_upward_import():
+  order = ['storage', 'state', 'runs', 'training']
   graph = {'bipe_jax.state.mesh': {'bipe_jax.runs.restore', 'bipe_jax.storage'},
-           'bipe_jax.attention.core': {'bipe_jax.state.mesh'},
-           'bipe_jax.runs.restore': {'bipe_jax.state.mesh'},
-           'bipe_jax.training.trainer': {'bipe_jax.runs.restore', 'bipe_jax.model'},
-           'bipe_jax.model': {'bipe_jax.training.trainer'}}
-  assert upward_imports(graph) == {'bipe_jax.state.mesh': ['bipe_jax.runs.restore'],
-                                   'bipe_jax.attention.core': ['bipe_jax.state.mesh']}
+           'bipe_jax.storage': set(),
+           'bipe_jax.runs.restore': {'bipe_jax.state.mesh', 'bipe_jax.runs.tokenizer'},
+           'bipe_jax.runs.tokenizer': {'bipe_jax.runs.restore'},  # one layer: not upward
+           'bipe_jax.training.trainer': {'bipe_jax.runs.restore', 'bipe_jax.storage'}}
+  assert upward_imports(graph, order) == {'bipe_jax.state.mesh': ['bipe_jax.runs.restore']}
 
 
-def test_the_layers_import_only_downwards():
-  """state (mesh, train state, optimizer, checkpoints) < runs (a workdir's files, restoring a
-  run) < training (the step, the loop, init_from) < compile (ahead-of-time compiles); the
-  attention package below all four. runs.storage, the file helper every layer reads
-  workdirs with, is a leaf that state's checkpointing uses for the files beside checkpoints."""
+def test_docs_layout_places_every_module_of_the_library_once():
+  with open(LAYOUT, encoding='utf-8') as f:
+    order = layer_order(f.read())
+  assert len(order) == len(set(order)), [n for n in order if order.count(n) > 1]
+  layers = {_layer(m) for m in import_graph()}
+  assert sorted(layers - set(order)) == []  # a module docs/layout.md does not place
+  assert sorted(set(order) - layers) == []  # an entry naming no module
+  assert order[0] == 'storage'  # the bottom of the house: imports nothing of the library
+
+
+def test_every_import_goes_to_a_layer_above_in_docs_layout():
+  """Each entry of docs/layout.md's bipe_jax/ list imports only the entries above it (its own
+  modules among themselves: no circles, test_no_import_circles_in_the_library)."""
+  with open(LAYOUT, encoding='utf-8') as f:
+    order = layer_order(f.read())
   graph = import_graph()
-  assert all(graph[leaf] == set() for leaf in LEAVES)
-  assert upward_imports(graph) == {}
-  assert {m for m, targets in graph.items() if _layer(m) != 'compile'
-          and any(_layer(t) == 'compile' for t in targets)} == set()  # compile is the top
-  # the graph sees the layers' real imports (so the empty results above mean something)
+  assert upward_imports(graph, order) == {}
+  # the graph sees the layers' real imports (so the empty result above means something)
   assert 'bipe_jax.state.train_state' in graph['bipe_jax.runs.restore']
   assert 'bipe_jax.training.train_step' in graph['bipe_jax.compile.aot']
+  assert 'bipe_jax.storage' in graph['bipe_jax.state.checkpointing']
+  assert 'bipe_jax.data.preparation' in graph['bipe_jax.runs.tokenizer']  # in a function
+  assert all(_layer(t) == 'platforms' for t in graph['bipe_jax'])
 
 
 def test_config_does_not_import_the_model():

@@ -1,13 +1,14 @@
-"""The README's commands fit together as written, in whatever order the README has them.
+"""The README's commands, and those of the docs pages its text moved to (`DOCUMENTED`: training,
+evaluation, compile, results), fit together as written, in whatever order the pages have them.
 
-Every `train/main.py` command of the README's ```bash blocks is resolved as the CLI resolves it
+Every `train/main.py` command of their ```bash blocks is resolved as the CLI resolves it
 (config file + --config.* overrides through ml_collections, then training/resolve.py), and a
 fine-tune (`train.init_from`) is checked against the README command that made its source with
 the CLI's own check (`init_from.check_source`: same encoding, same separators rule), without
 training anything: each command's workdir gets the config.json the run would record (stand-in
 separator ids for the tokenizer's) and an empty checkpoint folder. A recipe that silently
 changes the encoding of its source (the YaRN fine-tune of a bipe_alibi run that trained
-bipe_rope) fails here. Every flag of every README command is one its script defines.
+bipe_rope) fails here. Every flag of every such command is one its script defines.
 tests/project/test_readme_recipes.py (slow) then runs every command at a tiny size.
 """
 
@@ -25,6 +26,19 @@ from bipe_jax.runs import run_record
 from tests import fixtures
 
 ROOT = fixtures.ROOT
+# The README, then the docs pages that continue its commands (a fine-tune of the README's
+# runs/tiny, the HF export, the compile commands, the CHE grid), in the order they are read.
+DOCUMENTED = ('README.md', 'docs/training.md', 'docs/evaluation.md', 'docs/compile.md',
+              'docs/results.md')
+
+
+def documented_text() -> str:
+  """README.md and the DOCUMENTED docs pages, one after the other."""
+  texts = []
+  for name in DOCUMENTED:
+    with open(os.path.join(ROOT, name), encoding='utf-8') as f:
+      texts.append(f.read())
+  return '\n'.join(texts)
 
 
 def readme_command_lines(text: str) -> list:
@@ -100,7 +114,7 @@ def in_tmp(tmp_path, monkeypatch):
 
 
 def test_readme_training_commands_fit_together(in_tmp):
-  text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+  text = documented_text()
   runs = training_commands(text)
   assert len(runs) >= 3, runs  # the quick start, its fine-tune, the passkey pair at least
   finetunes = [w for w, argv in runs.items() if any('init_from=' in a for a in argv)
@@ -139,8 +153,8 @@ def defined_flags(script: str) -> set:
 
 
 def test_readme_command_flags_exist():
-  """Every --flag of every README command is one its script defines (or absl's own)."""
-  text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+  """Every --flag of every README / docs command is one its script defines (or absl's own)."""
+  text = documented_text()
   scripts = {'-m': 'bipe_jax/interop/convert.py'}
   checked = 0
   for argv in readme_commands(text):

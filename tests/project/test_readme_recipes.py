@@ -1,5 +1,6 @@
-"""The README's recipes run as written: every `python ...` command of README.md's ```bash blocks
-runs, in README order, in one temporary directory (the README's relative paths: configs/ linked
+"""The README's recipes run as written: every `python ...` command of the ```bash blocks of
+README.md and of the docs pages that continue it (test_readme_commands.DOCUMENTED: training,
+evaluation, compile, results) runs, in their order, in one temporary directory (the README's relative paths: configs/ linked
 there, data_cache/, runs/, results files; scripts by absolute path, nothing written in the
 repository), each shrunk to a tiny size only by flags appended to the README's own text
 (`SHRINK`: the last value of a flag wins; training runs: 2 steps of batch 2, one layer of width
@@ -24,9 +25,13 @@ Placeholders of the README are the only text replaced (`PLACEHOLDERS`): `HF_LLAM
 it), `/data/scrolls/qasper` a small generated set in the SCROLLS schema
 (tests/data/test_scrolls.py's `write_set`), and `...` ("your other flags") is dropped. A command the
 README shows twice (the conversion back) runs once: a second conversion into the same workdir
-is refused, as it should be. Not run: the non-python lines (`make demo`, `make test`,
-`pip install -r requirements-tpu.txt`). The compile commands need libtpu (make setup installs
-it); without it they are left out, as tests/compile/test_aot_compile.py is.
+is refused, as it should be. The compile commands need libtpu (make setup installs it); without
+it they are left out, as tests/compile/test_aot_compile.py is. Last, the README's `make demo`:
+the Makefile's command for it (`makefile_command('demo')`), shrunk by `DEMO_SHRINK` (2 steps of
+batch 2 for rope and bipe_rope, scored at 1x and 2x on 256 tokens: ~25 s on the 2-core machine)
+and run on the embedded corpus that train/build_data.py built here. Not run: the other
+non-python lines (`make test`, `make setup`, `pip install -r requirements-tpu.txt`;
+tests/project/test_readme.py names where the README's run).
 
 Every command must exit 0 without a traceback and write what it names (--workdir of a training
 run with its checkpoint, --output, --plot, --to); a resume must resume, a fine-tune must start
@@ -43,7 +48,7 @@ import pytest
 
 from bipe_jax.state import checkpointing
 from tests.training.test_cli_errors import run
-from tests.project.test_readme_commands import ROOT, in_tmp, readme_command_lines  # pylint: disable=unused-import
+from tests.project.test_readme_commands import ROOT, documented_text, in_tmp, readme_command_lines  # pylint: disable=unused-import
 from tests.data.test_scrolls import write_set
 
 pytestmark = [pytest.mark.slow]
@@ -54,6 +59,8 @@ SMALL_MODEL = ('--config.model.num_layers=1', '--config.model.hidden_size=64',
 TRAIN = (f'--config.train.steps={STEPS}', f'--config.checkpoint.every_steps={STEPS}',
          '--config.train.batch_size=2', '--config.train.log_every=1',
          '--config.data.shuffle_window=8', *SMALL_MODEL)
+DEMO_SHRINK = ('--steps=2', '--batch_size=2', '--multipliers=1,2', '--max_tokens=256',
+               '--cpu_devices=1')
 SHRINK = {  # script -> flags appended to the README's command
     'train/build_data.py': (),
     'train/main.py': TRAIN,
@@ -64,6 +71,7 @@ SHRINK = {  # script -> flags appended to the README's command
     '-m': (),  # python -m bipe_jax.convert
     'eval/che_sweep.py': ('--tasks=parity_check', '--encodings=rope', '--seeds=0', '--steps=2',
                           '--batch_size=4', '--eval_lengths=41', '--eval_samples=2'),
+    'eval/demo.py': DEMO_SHRINK,
     'train/compile.py': (*SMALL_MODEL, '--config.model.vocab_size=512',
                          '--config.data.seq_len=128', '--config.train.batch_size=16',
                          '--nopredict'),  # the cost model's two compiles: tests/compile/test_step_cost.py
@@ -129,8 +137,18 @@ def run_one(argv: list, extra=()) -> str:
   return proc.stdout
 
 
+def makefile_command(target: str) -> list:
+  """argv after `python` of the Makefile's one-line recipe for `target` ($(PY) is the python)."""
+  with open(os.path.join(ROOT, 'Makefile'), encoding='utf-8') as f:
+    lines = f.read().splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith(f'{target}:'))
+  recipe = [line.strip() for line in lines[start + 1:] if line.startswith('\t')][:1]
+  assert recipe and recipe[0].startswith('$(PY) '), f'Makefile target {target}: {recipe}'
+  return recipe[0].split()[1:]
+
+
 def test_readme_recipes_run_as_written(in_tmp):
-  text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+  text = documented_text()
   write_set(SCROLLS_SET, np.random.default_rng(0), 16)
   with_libtpu = importlib.util.find_spec('libtpu') is not None
   pending, seen, ran = [], [], []
@@ -162,3 +180,13 @@ def test_readme_recipes_run_as_written(in_tmp):
   with open('results.json', encoding='utf-8') as f:
     lengths = [r['length'] for r in json.load(f)['runs'][0]['results']]
   assert lengths == [128, 256]
+  # `make demo`, on the corpus train/build_data.py built (the demo's default data_dir).
+  demo = makefile_command('demo')
+  assert demo == ['eval/demo.py', '--output_dir=demo_out'], demo
+  run_one(demo)
+  for name in ('DEMO_RESULTS.md', 'ppl.png', 'positions.png'):
+    assert os.path.isfile(os.path.join('demo_out', name)), name
+  with open('demo_out/results.json', encoding='utf-8') as f:
+    runs = json.load(f)['runs']
+  assert [r['encoding'] for r in runs] == ['rope', 'bipe_rope']
+  assert all([x['length'] for x in r['results']] == [64, 128] for r in runs), runs

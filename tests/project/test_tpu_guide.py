@@ -30,7 +30,7 @@ def test_guide_commands_use_flags_their_scripts_define():
       if name not in names and name.startswith('no'):
         name = name[2:]  # absl's --noFLAG of a boolean
       assert name in names, f'docs/tpu.md: {" ".join(argv)}: {argv[0]} has no flag --{name}'
-      if name == 'config':
+      if arg.split('=', 1)[0] == '--config':  # the preset (not a --config.x.y override)
         path = arg.split('=', 1)[1].partition(':')[0]
         assert os.path.isfile(os.path.join(ROOT, path)), arg
 

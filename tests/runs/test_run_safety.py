@@ -83,9 +83,14 @@ def test_truncated_newest_checkpoint_falls_back_and_moves_only_it(dirs, trained,
   proc = run_cli(dirs, workdir, *SHORT)
   assert 'checkpoint step 4' in proc.stdout and 'is damaged' in proc.stdout
   assert 'resumed from checkpoint step 2' in proc.stdout
-  # No noise from the failed reads: the damaged line once more (the library's log, W...), no
-  # tracebacks of abandoned read coroutines.
-  assert len(proc.stderr.splitlines()) <= 2, proc.stderr[:3000]
+  # The damaged line once on the terminal (not again through the library's log on stderr), no
+  # noise from the failed reads (tracebacks of abandoned read coroutines); the log file keeps it.
+  terminal = proc.stdout + proc.stderr
+  assert terminal.count('is damaged') == 1, terminal[-3000:]
+  assert 'Traceback' not in terminal and 'Event loop is closed' not in terminal
+  assert len(proc.stderr.splitlines()) <= 1, proc.stderr[:3000]
+  with open(os.path.join(workdir, 'library.log'), encoding='utf-8') as f:
+    assert f.read().count('checkpoint step 4 in ') == 1
   assert os.listdir(workdir + '/checkpoints_corrupt') == ['4']
   assert checkpoint_steps(workdir) == [2, 4]  # step 4 trained again from step 2
 
@@ -112,3 +117,18 @@ def test_config_json_is_written_only_after_the_state_exists(dirs, trained, tmp_p
                  expect=2)
   assert 'train.eval_tokens=1' in last_line(proc)
   assert not os.path.exists(os.path.join(fresh, 'config.json'))
+
+
+def test_checkpoints_without_config_json_do_not_resume(dirs, trained, tmp_path):
+  """config.json deleted (or lost): what the checkpoints were trained with is unknown, so the
+  run refuses to resume, in one line, and changes nothing."""
+  workdir = copy_run(trained, tmp_path)
+  os.remove(os.path.join(workdir, 'config.json'))
+  before = tree_listing(workdir)
+  proc = run_cli(dirs, workdir, *SHORT, '--config.train.steps=6', expect=2)
+  assert proc.stderr.strip() == last_line(proc), proc.stderr[-3000:]
+  assert last_line(proc) == (
+      f'config error: {workdir} holds checkpoints (steps [2, 4]) but no config.json, which '
+      'records the settings they were trained with: a resume cannot be checked, so it does not '
+      'start; restore config.json from a copy, or train in a new workdir')
+  assert tree_listing(workdir) == before and checkpoint_steps(workdir) == [2, 4]

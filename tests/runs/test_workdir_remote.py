@@ -49,10 +49,10 @@ def bucket(monkeypatch):
   epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
   monkeypatch.setattr(gpath, '_is_tf_installed', lambda: False)
   yield InMemoryGCS.store
-  import gcsfs.core  # pylint: disable=g-import-not-at-top
+  from bipe_jax import storage_gcs  # pylint: disable=g-import-not-at-top
   for protocol, implementation in previous.items():  # a class: replaces InMemoryGCS there
-    fsspec.register_implementation(protocol, implementation or gcsfs.core.GCSFileSystem,
-                                   clobber=True)
+    fsspec.register_implementation(
+        protocol, implementation or storage_gcs.BoundedGCSFileSystem, clobber=True)
   epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
 
 
@@ -207,8 +207,10 @@ def test_the_storage_emulator_variable_points_every_gcs_client_at_it():
 
 def test_the_gs_protocols_are_bound_to_gcsfs_plain_filesystem():
   import gcsfs.core
+  from bipe_jax import storage_gcs  # pylint: disable=g-import-not-at-top
   for protocol in ('gs', 'gcs'):  # not the extended one that probes gRPC first
-    assert fsspec.get_filesystem_class(protocol) is gcsfs.core.GCSFileSystem
+    assert fsspec.get_filesystem_class(protocol) is storage_gcs.BoundedGCSFileSystem
+  assert storage_gcs.BoundedGCSFileSystem.__mro__[1] is gcsfs.core.GCSFileSystem  # with bounds
   assert gcsfs.GCSFileSystem is gcsfs.core.GCSFileSystem
 
 

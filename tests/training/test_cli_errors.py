@@ -178,3 +178,10 @@ def test_a_truncated_config_json_is_one_line_naming_the_file(tmp_path, capsys, m
   assert train_cli.run(config, str(workdir)) == 2
   err = capsys.readouterr().err
   assert err.count('\n') == 1 and err.startswith(f'error: {expected}'), err
+  # what it suggests is safe: never to delete the file (without it a resume is unchecked)
+  assert err.rstrip().endswith('the file is damaged or truncated; restore it from a copy (it '
+                               'records the settings the checkpoints were trained with), or '
+                               'train in a new workdir'), err
+  assert 'remove' not in err
+  with pytest.raises(storage.DamagedFileError, match='restore it from a copy .*new workdir'):
+    run_restore.read_config(str(workdir))

@@ -68,8 +68,10 @@ def baseline(dirs):
 
 
 def copy_checkpoint(src_workdir, step, dst_workdir):
-  """A new workdir holding only checkpoint `step` of `src_workdir`."""
+  """A new workdir holding only checkpoint `step` of `src_workdir` and the config.json it was
+  trained with (a workdir with checkpoints but no config.json refuses to resume)."""
   os.makedirs(os.path.join(dst_workdir, 'checkpoints'))
+  shutil.copy(os.path.join(src_workdir, 'config.json'), dst_workdir)
   shutil.copytree(os.path.join(src_workdir, 'checkpoints', str(step)),
                   os.path.join(dst_workdir, 'checkpoints', str(step)))
 
@@ -146,7 +148,8 @@ def logged_steps(workdir) -> list:
 
 
 def test_ctrl_c_then_sigterm_save_and_the_same_command_resumes(dirs, baseline):
-  """Ctrl-C (SIGINT): checkpoint, one line, exit 130; SIGTERM: checkpoint, exit 0; each time
+  """Ctrl-C (SIGINT): checkpoint, one line, exit 130; SIGTERM: checkpoint, exit 75 (preempted,
+  bipe_jax.cli.EXIT_PREEMPTED; a finished run exits 0); each time
   the same command resumes, and metrics.jsonl ends with every step once."""
   _, want = baseline
   workdir = str(dirs / 'signals')
@@ -158,7 +161,7 @@ def test_ctrl_c_then_sigterm_save_and_the_same_command_resumes(dirs, baseline):
   assert 3 <= first < N and first == _logged_step(workdir)
   rc, out = _start_and_signal(dirs, workdir, lambda: _logged_step(workdir) >= first + 3,
                               signal.SIGTERM)
-  assert rc == 0, out[-3000:]
+  assert rc == 75, out[-3000:]
   assert f'resumed from checkpoint step {first}' in out
   assert 'preempted (SIGTERM) at step' in out, out[-3000:]
   second = checkpoint_steps(workdir)[-1]

@@ -1,5 +1,7 @@
 """What a person watching a run sees: the window-averaged loss and validation during training."""
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -50,8 +52,22 @@ def folder_run(tmp_path_factory):
   config.checkpoint.every_steps = 4
   config.checkpoint.async_save = False
   workdir = root / 'run'
-  trainer.train(config, str(workdir))
+  with contextlib.redirect_stdout(io.StringIO()) as printed:
+    trainer.train(config, str(workdir))
+  (root / 'printed.txt').write_text(printed.getvalue())  # the run's start line and progress
   return config, workdir
+
+
+def test_the_run_records_the_attention_it_chose(folder_run):
+  """model.attention_impl='auto' (the default; the config sets nothing) is resolved for the
+  mesh's devices: config.json and the start line name what the step runs."""
+  config, workdir = folder_run
+  assert config.model.attention_impl == 'auto'
+  saved = json.loads((workdir / 'config.json').read_text())
+  assert saved['model']['attention_impl'] == 'blockwise'  # on CPU devices
+  start = [l for l in (workdir.parent / 'printed.txt').read_text().splitlines()
+           if l.startswith('mesh ')]
+  assert len(start) == 1 and start[0].endswith('; attention blockwise (auto on this platform)')
 
 
 def test_validation_every_n_steps_on_a_fixed_slice(folder_run, capsys):

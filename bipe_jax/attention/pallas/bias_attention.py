@@ -22,7 +22,9 @@ from bipe_jax.attention.pallas import backward as bwd
 from bipe_jax.attention.pallas import forward as fwd
 from bipe_jax.attention.pallas import layout
 from bipe_jax.attention.pallas import sharding
+from bipe_jax.attention.pallas import tile_ranges
 from bipe_jax.attention.pallas.tile_bias import TileBias
+from bipe_jax.encodings import fox
 
 TPU_BLOCK = 128  # tokens are the kernels' lanes on TPU: a multiple of 128 (or the whole padded axis)
 
@@ -37,11 +39,14 @@ class KernelStatics:
   block_q: int
   block_k: int
   interpret: Optional[bool]  # None: interpret on CPU, the compiled kernel elsewhere
+  per_head: Optional[bool] = None  # TPU kernels: the tile ranges hold a row per head (FoX)
 
   def run(self, kernel_fn, *args):
     """kernel_fn(*args, interpret=...) in the mode of the platform the program is lowered for."""
     kw = dict(tile_bias=self.tile_bias, scale=self.scale, causal=self.causal,
               block_q=self.block_q, block_k=self.block_k)
+    if self.per_head is not None:
+      kw['per_head'] = self.per_head
     if self.interpret is not None:
       return kernel_fn(*args, interpret=self.interpret, **kw)
     return jax.lax.platform_dependent(
@@ -49,21 +54,23 @@ class KernelStatics:
         default=functools.partial(kernel_fn, interpret=False, **kw))
 
 
+# ranges: (k_lo, k_hi, q_lo, q_hi) int32 (tile_ranges.py): the tiles each kernel computes
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(static, q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k):
-  return static.run(fwd.forward, q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k)[0]
+def _attend(static, q, k, v, params, q_info, k_info, ranges, c_q, c_k):
+  return static.run(fwd.forward, q, k, v, params, q_info, k_info, *ranges[:2], c_q, c_k)[0]
 
 
-def _attend_fwd(static, q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k):
-  out, lse = static.run(fwd.forward, q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k)
-  return out, (q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k, out, lse)
+def _attend_fwd(static, q, k, v, params, q_info, k_info, ranges, c_q, c_k):
+  out, lse = static.run(fwd.forward, q, k, v, params, q_info, k_info, *ranges[:2], c_q, c_k)
+  return out, (q, k, v, params, q_info, k_info, ranges, c_q, c_k, out, lse)
 
 
 def _attend_bwd(static, residuals, d_out):
-  q, k, v, params, q_info, k_info, q_max, k_min, c_q, c_k, out, lse = residuals
+  q, k, v, params, q_info, k_info, ranges, c_q, c_k, out, lse = residuals
   dq, dk, dv, d_params, d_cq, d_ck = static.run(bwd.backward, q, k, v, out, lse, d_out, params,
-                                                q_info, k_info, q_max, k_min, c_q, c_k)
-  return dq, dk, dv, d_params.astype(params.dtype), None, None, None, None, d_cq, d_ck
+                                                q_info, k_info, *ranges, c_q, c_k)
+  no_ranges = (None,) * len(ranges)
+  return dq, dk, dv, d_params.astype(params.dtype), None, None, no_ranges, d_cq, d_ck
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
@@ -88,7 +95,8 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
                      block_k: int = TPU_BLOCK,
                      interpret: Optional[bool] = None,
                      batch_axes: sharding.Axes = None,
-                     head_axes: sharding.Axes = None) -> jax.Array:
+                     head_axes: sharding.Axes = None,
+                     fox_log_pruning_tolerance: float = 0.0) -> jax.Array:
   """Attention with an on-the-fly bias; [B, H, Q, Dh] in q's dtype, equal to
   `bipe_jax.attention.dense_attention` with the matching bias_fn (values and gradients).
 
@@ -100,7 +108,9 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   padded to the tiles inside. block_q and block_k must be multiples of 128 on TPU when Q / K
   are longer than them (tokens are the kernels' lanes: forward.py). Under a mesh, the kernels
   run per shard: rows over the mesh axes `batch_axes`, heads over `head_axes`
-  (bipe_jax.attention.pallas.sharding).
+  (bipe_jax.attention.pallas.sharding). fox_log_pruning_tolerance < 0 (bias 'fox', causal):
+  FoX's pruning, per (row, head, tile): a tile whose every weight is provably below
+  exp(tolerance) (encodings/fox.py's bound) is neither computed nor fetched (tile_ranges.py).
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
   b, h, nq, d = q.shape
@@ -132,29 +142,36 @@ def pallas_attention(q_BxHxQxDh: jax.Array,
   arrays = dict(q=q, k=k, v=v, params=bias_params_HxP, mask=mask, q_streams=q_streams,
                 k_streams=k_streams, c_q=c_q, c_k=c_k)
   arrays = {name: x for name, x in arrays.items() if x is not None}
+  if fox_log_pruning_tolerance > 0:
+    raise ValueError(f'pallas attention: fox_log_pruning_tolerance={fox_log_pruning_tolerance} '
+                     'must be a natural log <= 0 (0 = off).')
+  prune = (fox_log_pruning_tolerance if fox_log_pruning_tolerance < 0 and mask.causal
+           and tile_bias.uses_float_positions else None)
   run = functools.partial(_run_on_shard, tile_bias=tile_bias, scale=scale, block_q=block_q,
-                          block_k=block_k, interpret=interpret)
+                          block_k=block_k, interpret=interpret, prune=prune)
   return sharding.per_shard(run, arrays, num_heads=h, num_kv_heads=g, batch_axes=batch_axes,
                             head_axes=head_axes)
 
 
-def _run_on_shard(a: dict, *, tile_bias, scale, block_q, block_k, interpret):
+def _run_on_shard(a: dict, *, tile_bias, scale, block_q, block_k, interpret, prune):
   """pallas_attention on one shard's arrays (`a`: the non-None arguments by name)."""
   q, k, v = a['q'], a['k'], a['v']
   nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
   bq, bk = _block(block_q, nq), _block(block_k, nk)
   tq, tk = layout.round_up(nq, bq), layout.round_up(nk, bk)
   mask = a['mask']
-  q_info = layout.query_info(mask.q_pos, a['q_streams'], mask.q_document, tq)
+  q_info = layout.query_rows(mask.q_pos, a['q_streams'], mask.q_document, tq)
   k_info = layout.key_info(mask.k_pos, a['k_streams'], mask.k_document, mask.k_valid, tk)
-  q_max, k_min = layout.block_ranges(q_info, k_info, bq, bk)
   scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-  static = KernelStatics(tile_bias, scale, mask.causal, bq, bk, interpret)
   c_q, c_k = a.get('c_q'), a.get('c_k')
   if c_q is not None:
     c_q, c_k = layout.pad_to(c_q, 3, tq, 0.0), layout.pad_to(c_k, 3, tk, 0.0)
+  threshold = None if prune is None else fox.pruning_threshold(q, k, nk, prune)
+  ranges = tile_ranges.tile_ranges(q_info, k_info, bq, bk, mask.causal, c_q, c_k, threshold)
+  static = KernelStatics(tile_bias, scale, mask.causal, bq, bk, interpret, ranges.per_head)
   # the kernels' layout [B, H, Dh, T] (forward.py: no lane padding of a head dim below 128)
   heads_in_sublanes = lambda x, n: jnp.swapaxes(layout.pad_to(x, 2, n, 0), 2, 3)
   out = _attend(static, heads_in_sublanes(q, tq), heads_in_sublanes(k, tk),
-                heads_in_sublanes(v, tk), a['params'], q_info, k_info, q_max, k_min, c_q, c_k)
+                heads_in_sublanes(v, tk), a['params'], q_info, k_info,
+                (ranges.k_lo, ranges.k_hi, ranges.q_lo, ranges.q_hi), c_q, c_k)
   return jnp.swapaxes(out, 2, 3)[:, :, :nq]

@@ -1,15 +1,17 @@
 """Packs positions, documents and padding into the kernels' int32 side arrays, and pads to tiles.
 
-Query side  q_info [B, Tq, INFO]: lane 0 the causal index, 1 the bias stream, 2 the document.
+Query side  q_info [B, Tq, INFO]: lane 0 the causal index, 1 the bias stream, 2 the document
+            (the GPU kernels); the TPU kernels read it as rows, `query_rows` [B, INFO, Tq],
+            and turn a tile's [INFO, q] into columns inside the kernel (`query_columns`, one
+            [8, q] transpose): TPU memory pads the last axis to 128 lanes, so [.., Tq, 8] int32
+            would move 512 bytes per query where the rows move 32.
 Key side    k_info [B, INFO, Tk]: row 0 the causal index, 1 the bias stream, 2 the document,
             3 validity (1 real, 0 padding).
-(Queries in sublanes and keys in lanes, so a tile's [q, 1] and [1, k] slices broadcast to [q, k]
-without a transpose inside the kernel.) Padded query rows get causal index INT32_MIN (they see
+(Queries as columns and keys as rows, so a tile's [q, 1] and [1, k] slices broadcast to
+[q, k].) Padded query rows get causal index INT32_MIN (they see
 nothing under causal masking) and are cropped; padded keys are invalid.
 
-`block_ranges` gives the per-tile causal bounds the kernels skip tiles with: the largest causal
-index of each query tile and the smallest of each key tile, flattened [B * n_tiles] int32 (scalar
-prefetch: a key tile is computed for a query tile only when k_min <= q_max).
+Which tiles the kernels compute and fetch is derived from these arrays by tile_ranges.py.
 """
 
 import jax
@@ -43,6 +45,16 @@ def query_info(q_pos_BxQ, q_stream_BxQ, q_document_BxQ, padded: int) -> jax.Arra
   return pad_to(info, 2, INFO, 0)
 
 
+def query_rows(q_pos_BxQ, q_stream_BxQ, q_document_BxQ, padded: int) -> jax.Array:
+  """int32 [B, INFO, padded]: `query_info` with the tokens in lanes (the TPU kernels)."""
+  return jnp.swapaxes(query_info(q_pos_BxQ, q_stream_BxQ, q_document_BxQ, padded), 1, 2)
+
+
+def query_columns(q_rows_IxQ: jax.Array) -> jax.Array:
+  """[INFO, q] -> [q, INFO] inside a kernel: a tile of `query_rows` as `query_info`'s."""
+  return q_rows_IxQ.T
+
+
 def key_info(k_pos_BxK, k_stream_BxK, k_document_BxK, k_valid_BxK, padded: int) -> jax.Array:
   """int32 [B, INFO, padded]."""
   b, nk = k_pos_BxK.shape
@@ -54,14 +66,6 @@ def key_info(k_pos_BxK, k_stream_BxK, k_document_BxK, k_valid_BxK, padded: int) 
           pad_to(valid.astype(jnp.int32), 1, padded, 0)]
   info = jnp.stack(rows, axis=1)
   return pad_to(info, 1, INFO, 0)
-
-
-def block_ranges(q_info_BxTxI, k_info_BxIxT, block_q: int, block_k: int):
-  """(q_max [B * nq_tiles], k_min [B * nk_tiles]) int32 causal bounds per tile."""
-  b = q_info_BxTxI.shape[0]
-  q_max = jnp.max(q_info_BxTxI[:, :, POS].reshape(b, -1, block_q), axis=-1)
-  k_min = jnp.min(k_info_BxIxT[:, POS, :].reshape(b, -1, block_k), axis=-1)
-  return q_max.reshape(-1), k_min.reshape(-1)
 
 
 def visible(q_info_QxI, k_info_IxK, causal: bool) -> jax.Array:

@@ -2,8 +2,9 @@
 
 XLA's cost analysis counts a loop's body once, whatever its trip count. The costing programs of
 bipe_jax/compile/step_cost.py are traced inside `unrolled()`, where the scans that ask
-`scan_unroll()` (the chunked loss) are fully unrolled, so each iteration is costed. Training
-never enters it: its scans stay loops (one compiled body).
+`scan_unroll()` (the chunked loss, blockwise attention's block loops) are fully unrolled, so
+each iteration is costed. Training never enters it: its scans stay loops (one compiled body).
+Imports nothing of bipe_jax: attention/ and training/ read it, compile/ sets it.
 """
 
 import contextlib
