@@ -244,6 +244,7 @@ class Checkpointer:
         async_options=ocp.AsyncOptions(timeout_secs=save_timeout_s()))
     self._manager = self._new_manager()
     self._pending: Optional[int] = None  # the step of a save started and not yet seen complete
+    self._unsure: Optional[int] = None  # a step whose save failed after it may have completed
     self._failed: Optional[CheckpointSaveError] = None
     self._single = jax.process_count() == 1
 
@@ -279,13 +280,30 @@ class Checkpointer:
     done = [s for s in self._manager.all_steps() if s != self._pending]
     return max(done) if done else None
 
-  def _save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
-    """The one-line error for the save of `step` that failed with `error` (kept: `close`
-    then neither waits nor raises again)."""
-    self._pending = None
+  def last_saved_text(self, where: str = '') -> str:
+    """'the last checkpoint saved is step N' (or 'no checkpoint was saved'), naming also a
+    save that may have completed without the run seeing it: one still in flight, or one whose
+    finishing failed after Orbax may have written its completion marker (Orbax then forgets
+    the step, but a resumed run finds it complete and starts from it)."""
     last = self.last_saved_step()
-    kept = (f'the last checkpoint saved is step {last}' if last is not None
-            else 'no checkpoint was saved')
+    where = f' in {where}' if where else ''
+    kept = (f'the last checkpoint saved is step {last}{where}' if last is not None
+            else f'no checkpoint was saved{where}')
+    unsure = self._pending if self._pending is not None else self._unsure
+    if unsure is not None and (last is None or unsure > last):
+      kept += (f' (or step {unsure}, if its save, cut short, completed: resuming takes the '
+               'newest complete one)')
+    return kept
+
+  def _save_failed(self, step: int, error: BaseException, *,
+                   may_have_completed: bool = False) -> CheckpointSaveError:
+    """The one-line error for the save of `step` that failed with `error` (kept: `close`
+    then neither waits nor raises again). `may_have_completed`: the failure came while the
+    save was finishing, after its data may all have been written."""
+    self._pending = None
+    if may_have_completed:
+      self._unsure = step
+    kept = self.last_saved_text()
     if isinstance(error, storage_faults.StorageUnreachableError):
       cause = str(error)  # names the bucket and the endpoint
     elif storage.is_local(str(self.directory)):
@@ -306,7 +324,7 @@ class Checkpointer:
     try:
       self._manager.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
-      raise self._save_failed(self._pending, e) from None
+      raise self._save_failed(self._pending, e, may_have_completed=True) from None
     self._pending = None
 
   def poll(self) -> None:

@@ -94,12 +94,11 @@ class _Preemption:
     """The run did not end within the grace after the signal (a checkpoint save waiting on a
     bucket that does not answer): one line, and the process ends now with EXIT_STORAGE."""
     from bipe_jax.cli import EXIT_STORAGE  # pylint: disable=g-import-not-at-top
-    last = self._checkpointer.last_saved_step()
-    kept = f'step {last}' if last is not None else 'none'
+    kept = self._checkpointer.last_saved_text()
     sys.stdout.flush()
     print(f'error: still running {self._grace_s:.0f} s after {self.signal_name}: the '
-          f'checkpoint save did not finish (is the storage answering?); exiting without it. '
-          f'The last checkpoint saved: {kept}', file=sys.stderr, flush=True)
+          f'checkpoint save did not finish (is the storage answering?); exiting without it; '
+          f'{kept}', file=sys.stderr, flush=True)
     os._exit(EXIT_STORAGE)  # pylint: disable=protected-access
 
   def reached(self, step: int) -> bool:
@@ -384,9 +383,7 @@ def _close_after_run(preemption, checkpointer, logger, ckpt_dir: str, *,
       else:
         error = e
   if isinstance(failure, storage_faults.StorageUnreachableError):
-    last = checkpointer.last_saved_step()
-    kept = (f'the last checkpoint saved is step {last} in {ckpt_dir}' if last is not None
-            else 'no checkpoint was saved')
+    kept = checkpointer.last_saved_text(ckpt_dir)
     raise storage_faults.StorageUnreachableError(
         f'{failure}; stopping: {kept}, and running the same command resumes from it once the '
         'storage answers') from None

@@ -109,3 +109,35 @@ def test_the_refusals_above_fire_on_the_train_state_path(setup, monkeypatch):
   monkeypatch.setattr(train_state_lib, 'state_shardings', _refuse)
   with pytest.raises(AssertionError, match='optimizer state'):
     setup_lib.build(setup.config, setup.mesh)
+
+
+def test_a_save_that_fails_while_finishing_is_named_as_maybe_complete(tmp_path, monkeypatch):
+  """Orbax forgets a step whose finishing failed, though its completion marker may already be
+  written (then a resumed run starts from it): the error names the last step known saved and
+  the one that may be complete, and a new Checkpointer finds the latter complete."""
+  directory = str(tmp_path / 'checkpoints')
+  state = {'w': jnp.arange(4.0)}
+  ckpt = checkpointing.Checkpointer(directory, async_save=True)
+  assert ckpt.save(2, state, {'position': 2}, force=True)
+  ckpt.poll()
+  ckpt._manager.wait_until_finished()  # pylint: disable=protected-access
+  assert ckpt.save(4, state, {'position': 4}, force=True)
+  manager = ckpt._manager  # pylint: disable=protected-access
+  finish = manager.wait_until_finished
+
+  def finish_then_fail():  # the marker is written, then finishing fails, as on a dying bucket
+    finish()
+    manager._checkpoints.delete_if(lambda info: info.step == 4)  # pylint: disable=protected-access
+    raise OSError('connection refused')
+
+  monkeypatch.setattr(manager, 'wait_until_finished', finish_then_fail)
+  with pytest.raises(checkpointing.CheckpointSaveError) as failed:
+    ckpt.close()
+  message = str(failed.value)
+  assert 'could not save checkpoint step 4' in message, message
+  assert ('the last checkpoint saved is step 2 (or step 4, if its save, cut short, completed: '
+          'resuming takes the newest complete one)') in message, message
+  assert ckpt.last_saved_step() == 2
+  again = checkpointing.Checkpointer(directory, read_only=True)
+  assert again.all_steps() == [2, 4]
+  again.close()
