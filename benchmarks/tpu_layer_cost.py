@@ -3,6 +3,7 @@ attention path, beside a stock layer of the same shape (the anchor row).
 
     JAX_PLATFORMS=cpu nice -n 5 python -m benchmarks.tpu_layer_cost            # paper shape
     ... --encodings bipe_rope,rope --impls pallas --check_step bipe_rope:pallas
+    ... --encodings rope,bipe_rope,bipe_alibi --impls pallas --block_sizes 128,256,512,1024
 
 Each row compiles, for `--topology` (libtpu, ahead of time: no TPU needed), the forward and
 backward of ONE layer: `jax.grad` of sum(layer(x) * g) with respect to the layer's parameters
@@ -27,6 +28,10 @@ without one as nothing; the anchor attaches the estimate the project's kernels u
 (bipe_jax/attention/pallas/cost.py: FLOPs of the visible causal tiles, bytes of the blocks the
 pipeline copies) at splash's block sizes, so both sides are priced by one rule.
 
+`--block_sizes 128,256,...` costs each Pallas row once per tile size (model.block_size, which
+attention/op.py hands the kernels as block_q and block_k; rows 'pallas, block N') and adds a
+table of ms per layer by block size; without it the preset's block_size (or `--block_size`).
+
 `--check_step ENC:IMPL` also predicts that row the way train/compile.py does (the 1- and
 2-layer steps, compile/step_cost.py: per layer = c(2) - c(1)) and reports the two figures and
 their ratio. All figures are estimates of XLA's TPU cost model, not measurements.
@@ -40,6 +45,7 @@ import os
 import sys
 import time
 import types
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -324,11 +330,15 @@ def _row(encoding, impl, compiled, model_flops, peak, compile_seconds, **extra):
 
 
 def cost_row(config, encoding: str, impl: str, devices, peak: float,
-             with_update: bool = False) -> dict:
-  """The project's layer for (encoding, impl), costed alone (`project_layer`)."""
+             with_update: bool = False, block: Optional[int] = None) -> dict:
+  """The project's layer for (encoding, impl), costed alone (`project_layer`); `block`: the
+  model.block_size of the row (None: the config's)."""
   start = time.monotonic()
   c = config.copy_and_resolve_references()
   c.model.attention_impl = impl
+  if block is not None:
+    c.model.block_size = int(block)
+  label = impl if block is None else f'{impl}, block {block}'
   try:
     fn, args, cfg, setup = project_layer(c, devices, with_update)
     tokens = int(c.train.batch_size) * setup.seq_len // len(devices)
@@ -336,10 +346,11 @@ def cost_row(config, encoding: str, impl: str, devices, peak: float,
     with setup.context(), loop_unroll.unrolled():
       figures = _compile(fn, args, f'{encoding}/{impl} layer', flops)
   except Exception as e:  # pylint: disable=broad-except (one error row, the sweep goes on)
-    return {'encoding': encoding, 'impl': impl, 'error': ' '.join(str(e).split())[:300],
+    return {'encoding': encoding, 'impl': label, 'block': int(c.model.block_size),
+            'error': ' '.join(str(e).split())[:300],
             'compile_seconds': round(time.monotonic() - start, 1)}
-  return _row(encoding, impl, figures, flops, peak, time.monotonic() - start,
-              chosen_impl=cfg.attention_impl)
+  return _row(encoding, label, figures, flops, peak, time.monotonic() - start,
+              chosen_impl=cfg.attention_impl, block=int(c.model.block_size))
 
 
 def anchor_row(config, devices, peak: float, block: int, priced: bool = True) -> dict:
@@ -385,16 +396,44 @@ def step_check(config, encoding: str, impl: str, devices, topology: str, layer_m
           'compile_seconds': round(time.monotonic() - start, 1)}
 
 
-def plan(encodings, impls, anchor: bool):
-  """The rows in measuring order: the anchor, FIRST's rows, then the rest (each encoding on
-  every TPU path that computes it: attention/support.py)."""
+def plan(encodings, impls, anchor: bool, block_sizes=()):
+  """The rows (encoding, impl, block) in measuring order: the anchor, FIRST's rows, then the
+  rest (each encoding on every TPU path that computes it: attention/support.py); with
+  `block_sizes`, each Pallas row once per block size (block None: the config's)."""
   from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
   rows = []
   for encoding in encodings:
     scheme = schemes.get_scheme(encoding)
     rows += [(encoding, i) for i in impls if support.supports(i, scheme)]
   ordered = [r for r in FIRST if r in rows] + [r for r in rows if r not in FIRST]
-  return ([(ANCHOR, None)] if anchor else []) + ordered
+  blocked = []
+  for encoding, impl in ordered:
+    sizes = block_sizes if impl == 'pallas' and block_sizes else (None,)
+    blocked += [(encoding, impl, size) for size in sizes]
+  return ([(ANCHOR, None, None)] if anchor else []) + blocked
+
+
+def block_table(rows) -> str:
+  """ms per layer (MFU) of the Pallas rows by block size, one line per encoding; '' when the
+  rows hold fewer than two block sizes."""
+  pallas = [r for r in rows if r['impl'].startswith('pallas, block ')]
+  sizes = sorted({r['block'] for r in pallas})
+  if len(sizes) < 2:
+    return ''
+  anchor = next((r['ms'] for r in rows if r['encoding'] == ANCHOR and 'ms' in r), 0.0)
+  cells = []
+  for encoding in dict.fromkeys(r['encoding'] for r in pallas):
+    line = [encoding]
+    for size in sizes:
+      r = next((r for r in pallas if r['encoding'] == encoding and r['block'] == size), None)
+      if r is None or 'error' in r or r.get('concat_bitcasts'):
+        line.append('-')
+      else:
+        ratio = f", {r['ms'] / anchor:.2f}x stock" if anchor else ''
+        line.append(f"{r['ms']:.4g} ({100 * r['mfu']:.1f} %{ratio})")
+    cells.append(line)
+  return common.markdown_table(['layer (pallas)'] + [f'block {s}: ms (MFU)' for s in sizes],
+                               cells)
 
 
 def table(rows, checks) -> str:
@@ -414,6 +453,8 @@ def table(rows, checks) -> str:
                     f"{r['temp_gib']:.2f} GiB temporaries, compiled in {r['compile_seconds']} s"])
   text = common.markdown_table(['layer', 'attention', 'ms (fwd + bwd)', 'MFU', 'x stock',
                                 'notes'], cells)
+  if (blocks := block_table(rows)):
+    text += '\n\nThe Pallas layer by tile size (block_q = block_k):\n\n' + blocks
   for c in checks:
     text += (f"\n\nLayer alone against the step difference ({c['encoding']}, {c['impl']}): "
              f"{c['layer_alone_ms']:.3f} ms against {c['step_difference_ms']:.3f} ms "
@@ -437,11 +478,14 @@ def main(argv=None) -> int:
   parser.add_argument('--seq', type=int, default=0)
   for flag in ('width', 'heads', 'ffn', 'vocab', 'block_size'):
     parser.add_argument(f'--{flag}', type=int, default=0)
+  parser.add_argument('--block_sizes', default='',
+                      help='e.g. 128,256,512,1024: each pallas row once per tile size')
   parser.add_argument('--out', default=os.path.join(ROOT, 'benchmarks', 'results',
                                                     'tpu_layer_cost'))
   args = parser.parse_args(argv)
   encodings = [e for e in args.encodings.split(',') if e]
   impls = [i for i in args.impls.split(',') if i]
+  block_sizes = [int(b) for b in args.block_sizes.split(',') if b]
   unknown = [i for i in impls if i not in TPU_IMPLS]
   if unknown:
     print(f'--impls: {unknown} are not TPU paths ({", ".join(TPU_IMPLS)})', file=sys.stderr)
@@ -467,19 +511,20 @@ def main(argv=None) -> int:
         'machine': common.machine_info(), 'label': step_cost.LABEL, 'shape': header,
         'rows': rows, 'step_checks': checks})
 
-  for encoding, impl in plan(encodings, impls, args.anchor):
-    print(f'{encoding} / {impl or "splash"}: compiling ...', flush=True)
+  for encoding, impl, block in plan(encodings, impls, args.anchor, block_sizes):
+    label = impl if block is None else f'{impl}, block {block}'
+    print(f'{encoding} / {label or "splash"}: compiling ...', flush=True)
     if encoding == ANCHOR:
       row = anchor_row(base, devices, peak, args.splash_block)
     else:
-      row = cost_row(configs[encoding], encoding, impl, devices, peak)
+      row = cost_row(configs[encoding], encoding, impl, devices, peak, block=block)
     rows.append(row)
     print(f'  {row}', flush=True)
     save()
   if args.check_step:
     encoding, impl = args.check_step.split(':')
-    layer = next((r for r in rows if (r['encoding'], r['impl']) == (encoding, impl)
-                  and 'ms' in r), None)
+    layer = next((r for r in rows if r['encoding'] == encoding and 'ms' in r
+                  and r['impl'].split(',')[0] == impl), None)
     if layer is None:
       print(f'--check_step {args.check_step}: no costed row of that name', file=sys.stderr)
       return 2

@@ -156,8 +156,9 @@ def test_the_server_dies_mid_training_then_comes_back(dirs, gcs_server):  # noqa
 
   # restarted on the same folder: the same command resumes from the last checkpoint saved
   server.restart()  # Orbax marks a finished checkpoint on a bucket with commit_success.txt
+  # (a step's own marker: its items, state/ and data/, have theirs, written before it)
   complete = sorted(int(name.split('/')[2]) for name in server.objects('run/checkpoints')
-                    if name.endswith('/commit_success.txt'))
+                    if re.fullmatch(r'run/checkpoints/\d+/commit_success\.txt', name))
   assert complete and complete[-1] in (kept, unsure) and kept in complete, (complete, kept, unsure)
   assert EVERY <= kept <= last_step, (kept, last_step)
   kept = complete[-1]  # the newest complete checkpoint: where the same command resumes
