@@ -76,7 +76,8 @@ TPU_IMPLS = ('pallas', 'blockwise', 'dense', 'fused')
 ANCHOR = 'stock (splash)'
 # The measuring order when time is short: the rows that decide the issue first.
 FIRST = (('bipe_rope', 'pallas'), ('rope', 'pallas'), ('bipe_alibi', 'pallas'),
-         ('kerple', 'pallas'), ('dape_kerple', 'blockwise'), ('fox', 'pallas'))
+         ('kerple', 'pallas'), ('dape_kerple', 'pallas'), ('dape_kerple', 'blockwise'),
+         ('fox', 'pallas'))
 
 
 def preset_config(config_path: str, encoding: str):
@@ -396,21 +397,40 @@ def step_check(config, encoding: str, impl: str, devices, topology: str, layer_m
           'compile_seconds': round(time.monotonic() - start, 1)}
 
 
-def plan(encodings, impls, anchor: bool, block_sizes=()):
-  """The rows (encoding, impl, block) in measuring order: the anchor, FIRST's rows, then the
-  rest (each encoding on every TPU path that computes it: attention/support.py); with
-  `block_sizes`, each Pallas row once per block size (block None: the config's)."""
+def plan(encodings, impls, anchor: bool):
+  """The rows in measuring order: the anchor, FIRST's rows, then the rest (each encoding on
+  every TPU path that computes it: attention/support.py)."""
   from bipe_jax import schemes  # pylint: disable=g-import-not-at-top
   rows = []
   for encoding in encodings:
     scheme = schemes.get_scheme(encoding)
     rows += [(encoding, i) for i in impls if support.supports(i, scheme)]
   ordered = [r for r in FIRST if r in rows] + [r for r in rows if r not in FIRST]
-  blocked = []
-  for encoding, impl in ordered:
-    sizes = block_sizes if impl == 'pallas' and block_sizes else (None,)
-    blocked += [(encoding, impl, size) for size in sizes]
-  return ([(ANCHOR, None, None)] if anchor else []) + blocked
+  return ([(ANCHOR, None)] if anchor else []) + ordered
+
+
+def with_block_sizes(rows, block_sizes):
+  """`plan`'s rows as (encoding, impl, block): each Pallas row once per size of
+  `block_sizes` in that order, the others (and every row without sizes) with block None (the
+  config's)."""
+  out = []
+  for encoding, impl in rows:
+    sizes = tuple(block_sizes) if impl == 'pallas' and block_sizes else (None,)
+    out += [(encoding, impl, size) for size in sizes]
+  return out
+
+
+# hlo_stats.optimal_seconds reads a negative figure (XLA prices each ConcatBitcast custom call at
+# -1 s, a sentinel) as its fraction above the next lower second. A layer at these shapes costs
+# well under a second; a corrected figure of a second or more is not a time (the blockwise rows
+# gave hundreds of seconds when every ConcatBitcast of the text was added back).
+SENTINEL_RESIDUE_MS = 1000.0
+
+
+def has_figure(row) -> bool:
+  """Whether a costed row's ms is a time: no ConcatBitcast, or a corrected figure below
+  SENTINEL_RESIDUE_MS."""
+  return 'ms' in row and (not row.get('concat_bitcasts') or row['ms'] < SENTINEL_RESIDUE_MS)
 
 
 def block_table(rows) -> str:
@@ -420,13 +440,13 @@ def block_table(rows) -> str:
   sizes = sorted({r['block'] for r in pallas})
   if len(sizes) < 2:
     return ''
-  anchor = next((r['ms'] for r in rows if r['encoding'] == ANCHOR and 'ms' in r), 0.0)
+  anchor = next((r['ms'] for r in rows if r['encoding'] == ANCHOR and has_figure(r)), 0.0)
   cells = []
   for encoding in dict.fromkeys(r['encoding'] for r in pallas):
     line = [encoding]
     for size in sizes:
       r = next((r for r in pallas if r['encoding'] == encoding and r['block'] == size), None)
-      if r is None or 'error' in r or r.get('concat_bitcasts'):
+      if r is None or 'error' in r or not has_figure(r):
         line.append('-')
       else:
         ratio = f", {r['ms'] / anchor:.2f}x stock" if anchor else ''
@@ -438,19 +458,21 @@ def block_table(rows) -> str:
 
 def table(rows, checks) -> str:
   """The Markdown table of `rows` (x stock: ms over the anchor's), then the step checks."""
-  anchor = next((r['ms'] for r in rows if r['encoding'] == ANCHOR and 'ms' in r), 0.0)
+  anchor = next((r['ms'] for r in rows if r['encoding'] == ANCHOR and has_figure(r)), 0.0)
   cells = []
   for r in rows:
     if 'error' in r:
       cells.append([r['encoding'], r['impl'], '-', '-', '-', r['error'][:120]])
-    elif r.get('concat_bitcasts'):  # optimal_seconds came back as a sentinel sum
+    elif not has_figure(r):  # optimal_seconds came back as a sentinel sum
       cells.append([r['encoding'], r['impl'], '?', '?', '?',
                     f"no figure: {r['concat_bitcasts']} ConcatBitcast custom calls; "
                     f"optimal_seconds as corrected {r['ms']:.4g} ms (not a time)"])
     else:
       cells.append([r['encoding'], r['impl'], f"{r['ms']:.4g}", f"{100 * r['mfu']:.1f} %",
                     f"{r['ms'] / anchor:.2f}" if anchor else '-',
-                    f"{r['temp_gib']:.2f} GiB temporaries, compiled in {r['compile_seconds']} s"])
+                    f"{r['temp_gib']:.2f} GiB temporaries, compiled in {r['compile_seconds']} s"
+                    + (f"; {r['concat_bitcasts']} ConcatBitcasts counted free"
+                       if r.get('concat_bitcasts') else '')])
   text = common.markdown_table(['layer', 'attention', 'ms (fwd + bwd)', 'MFU', 'x stock',
                                 'notes'], cells)
   if (blocks := block_table(rows)):
@@ -511,7 +533,8 @@ def main(argv=None) -> int:
         'machine': common.machine_info(), 'label': step_cost.LABEL, 'shape': header,
         'rows': rows, 'step_checks': checks})
 
-  for encoding, impl, block in plan(encodings, impls, args.anchor, block_sizes):
+  for encoding, impl, block in with_block_sizes(plan(encodings, impls, args.anchor),
+                                                block_sizes):
     label = impl if block is None else f'{impl}, block {block}'
     print(f'{encoding} / {label or "splash"}: compiling ...', flush=True)
     if encoding == ANCHOR:

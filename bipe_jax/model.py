@@ -319,21 +319,36 @@ class Attention(nn.Module):
       shifted.append(fox_pro.token_shift(x, alpha, keep, continues, before))
     return tuple(shifted)
 
-  def _transform_fn(self) -> tuple:
-    """(transform_fn(scores, bias, q_pos, k_pos, k_in_range) or None, halo)."""
+  def _transform(self) -> Optional[attention_op.TransformTerm]:
+    """The scheme's DAPE transform (its function of (scores, bias, q_pos, k_pos, k_in_range),
+    halo and parameters), or None."""
     cfg, s = self.config, self.config.scheme
     h = cfg.num_heads
     s1 = jnp.zeros((1, h, 1, 1), jnp.float32)
     pos1 = jnp.zeros((1, 1), jnp.int32)
     if s.transform == 'dape_v1':
-      fn = _pure(functools.partial(dape.DapeV1, h, hidden=cfg.dape_hidden), 'dape', s1, s1)
-      return (lambda scores, bias, q_pos, k_pos, k_in_range: fn(scores, bias)), 0
+      fn, params = _pure_and_params(functools.partial(dape.DapeV1, h, hidden=cfg.dape_hidden),
+                                    'dape', s1, s1)
+      return attention_op.TransformTerm(
+          lambda scores, bias, q_pos, k_pos, k_in_range: fn(scores, bias), kind=s.transform,
+          params=params)
     if s.transform == 'dape_v2':
       make = functools.partial(dape.DapeV2, h, hidden=cfg.dape_hidden,
                                kernel_size=cfg.dapev2_kernel)
       fn = _pure(make, 'dape', s1, s1, pos1, pos1, jnp.ones((1, 1), bool))
-      return fn, dape.dapev2_halo(cfg.dapev2_kernel)
-    return None, 0
+      return attention_op.TransformTerm(fn, dape.dapev2_halo(cfg.dapev2_kernel),
+                                        kind=s.transform)
+    return None
+
+  def _fused_rotary(self) -> bool:
+    """Whether the rotary runs as `rope.rotate_fused` (the same values in one pass that XLA
+    fuses: issue 53): when the Pallas TPU kernel attends (its q / k are read once more in the
+    kernel's [B, H, Dh, T] layout, which XLA writes straight from the fused pass)."""
+    if self.decode:
+      return False
+    op = attention_op.AttentionOp(self.config.attention_impl, self.config.scheme,
+                                  dtype=self.config.dtype)
+    return op.implementation(self.config.causal) == 'pallas'
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, q_side: Side, k_side: Side,
@@ -360,7 +375,14 @@ class Attention(nn.Module):
       cos, sin = q_side.rope_cos, q_side.rope_sin
       if cos is None:  # an Attention used without the Transformer's tables
         cos, sin = rotary_tables(cfg, q_side)
-      q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+      if self._fused_rotary():
+        # Tagged like the projections (remat.py's save_projections): the backward then keeps
+        # the rotated q and k, which the kernel's backward reads, in place of the
+        # projections' outputs (as many bytes), and does not rotate them again.
+        q = checkpoint_name(rope.rotate_fused(q, cos, sin), 'query')
+        k = checkpoint_name(rope.rotate_fused(k, cos, sin), 'key')
+      else:
+        q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
 
     if self.decode:
       initialized = self.has_variable('cache', 'cached_key')
@@ -372,9 +394,7 @@ class Attention(nn.Module):
         cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, at)
         k, v = cached_k.value, cached_v.value
 
-    transform_fn, halo = self._transform_fn()
-    transform = (None if transform_fn is None else
-                 attention_op.TransformTerm(transform_fn, halo))
+    transform = self._transform()
     if scheme.transform == 'cope':  # dense only (encodings/cope.py)
       if context_parallel.active(q.shape[2]) and not self.decode:
         raise ValueError('cope: context parallelism is not supported (CoPE runs densely).')

@@ -6,7 +6,10 @@
                        out, gate, up, down: `checkpoint_name` tags in model.Projection) and
                        recompute the rest (norms, RoPE, attention scores and softmax, SwiGLU):
                        the matmuls are not run twice, the large elementwise temporaries and
-                       the [B, H, T, T]-sized attention intermediates are not kept.
+                       the [B, H, T, T]-sized attention intermediates are not kept. On the
+                       Pallas TPU path the rotated query and key carry the 'query' / 'key'
+                       tags too (model.Attention: rope.rotate_fused), so the backward keeps
+                       them, as many bytes, and does not rotate again.
 
 The per-chip memory of each on TPU is measured with train/compile.py (docs/accelerators.md).
 """

@@ -16,6 +16,12 @@ docs/accelerators.md, docs/tpu.md):
   about 366k tokens/s (45.7k per chip: an estimate of XLA's TPU cost model, docs/accelerators.md),
   and its host has 224 vCPUs (v5litepod-8; 112 per host on the 4-chip hosts of larger slices), so
   32 threads leave a wide margin; `data.prefetch=4`.
+- `model.block_size=512`: the Pallas kernel's tiles (paper_151m.py's 256 is blockwise
+  attention's block on other hardware). One layer by XLA's TPU cost model at this shape
+  (benchmarks/tpu_layer_cost.py --block_sizes, benchmarks/results/tpu_layer_cost_rope_blocks.md):
+  bipe_rope 19.45 / 17.99 / 17.15 / 18.00 ms at tiles of 128 / 256 / 512 / 1024, bipe_alibi
+  18.14 / 16.69 / 15.95 / 16.65 ms; 512 also has a quarter of 256's grid steps, whose overhead
+  the model does not price. The fused DAPE kernel keeps 128 (its VMEM: attention/op.py).
 Everything else, and what it reproduces of the paper, is paper_151m.py's (see its docstring).
 """
 
@@ -29,4 +35,5 @@ def get_config(preset: str = 'bipe_rope'):
   config.train.loss_chunk_tokens = 4096
   config.data.num_threads = 32
   config.data.prefetch = 4
+  config.model.block_size = 512
   return config

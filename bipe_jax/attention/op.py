@@ -48,6 +48,7 @@ from bipe_jax.encodings import t5
 from bipe_jax.encodings import two_sided
 
 FOX_KINDS = schemes.FOX_KINDS  # c_q - c_k from forget gates
+DAPE_TILE = 128  # the largest tile of the fused DAPE kernel (pallas/dape_attention.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +81,14 @@ class BiasTerm:
 class TransformTerm:
   """A score transform: fn(scores, bias, q_pos, k_pos, k_in_range) -> logits (core.py's
   TransformFn); halo: the keys it needs on each side of a key block (blockwise); dense_only:
-  only dense attention runs it (CoPE)."""
+  only dense attention runs it (CoPE); kind / params: scheme.transform and the transform's
+  parameters, for a kernel that computes it itself ('dape_v1': the Pallas TPU kernel of
+  attention/pallas/dape_attention.py takes 'w_in', 'b_in', 'w_out', 'b_out')."""
   fn: core.TransformFn
   halo: int = 0
   dense_only: bool = False
+  kind: str = ''
+  params: Mapping[str, jax.Array] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +139,15 @@ class AttentionOp:
       batch_axes, head_axes = nn.logical_to_mesh_axes(('batch', 'heads'))
       kwargs.update(tile_bias=tile_bias, bias_params_HxP=bias_params, block_q=self.block_size,
                     block_k=self.block_size, batch_axes=batch_axes, head_axes=head_axes)
+      if _fused_dape(impl, transform):  # the MLP mixes every head: one tile holds them all
+        if not mask.causal:
+          raise ValueError("attention_impl='pallas' fuses DAPE for causal attention only (its "
+                           "tile bias is one-sided); use 'blockwise' in encoder mode.")
+        del kwargs['head_axes'], kwargs['transform_fn']
+        # its tiles hold [2C + H + N, q, k] float32 arrays: 128 x 128 fits Mosaic's default
+        # scoped VMEM (16 MiB on v5e) at the paper's 12 heads, 256 x 256 does not
+        block = min(self.block_size, DAPE_TILE)
+        kwargs.update(dape_params=transform.params, block_q=block, block_k=block)
       if bias is not None:
         kwargs.update(q_streams=bias.q_streams, k_streams=bias.k_streams)
         if (impl == 'pallas' and bias.kind in FOX_KINDS
@@ -165,12 +179,26 @@ class AttentionOp:
     impl = self.implementation(mask.causal, transform)
     kwargs = self.arguments(impl, mask, q_BxHxQxDh.shape[1], q_BxHxQxDh.shape[3], bias,
                             transform)
-    attend = core.attention_fn(impl)
+    attend = _dape_kernel if _fused_dape(impl, transform) else core.attention_fn(impl)
     if not self.decode and context_parallel.active(q_BxHxQxDh.shape[2]):
+      if attend is _dape_kernel:
+        raise ValueError("attention_impl='pallas' with DAPE: context parallelism is not "
+                         "supported (its kernel needs every head of a row); use 'blockwise'.")
       # T sharded over the context mesh axis: local queries, all-gathered keys / values.
       return context_parallel.gathered_kv_attention(attend, q_BxHxQxDh, k_BxGxKxDh,
                                                     v_BxGxKxDh, **kwargs)
     return attend(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
+
+
+def _fused_dape(impl: str, transform: Optional[TransformTerm]) -> bool:
+  """Whether `impl` runs the transform inside its kernel (DAPE V1 on the TPU kernel)."""
+  return impl == 'pallas' and transform is not None and transform.kind == 'dape_v1'
+
+
+def _dape_kernel(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs) -> jax.Array:
+  """attention/pallas/dape_attention.py's kernel (imported when it runs: Pallas loads slowly)."""
+  from bipe_jax.attention.pallas import dape_attention  # pylint: disable=import-outside-toplevel
+  return dape_attention.pallas_dape_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
 
 
 def _tile_form(bias: Optional[BiasTerm], num_heads: int, head_dim: int, impl: str) -> tuple:

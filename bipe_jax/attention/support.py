@@ -9,12 +9,13 @@ picks: one table. Imports nothing, so the config, the model and the per-run plat
               (as a per-key bias: encodings/alibi.alibi_key_bias)
   cudnn       no bias and no transform (cuDNN refuses a per-key   CUDA GPUs, bf16 / fp16
               bias)
-  pallas      tile biases: none, ALiBi, Kerple, T5, FoX           TPU (Mosaic); CPU interpret
-              (no transform)
+  pallas      tile biases: none, ALiBi, Kerple, T5, FoX (no         TPU (Mosaic); CPU interpret
+              transform); DAPE V1 on ALiBi or Kerple, fused
+              (attention/pallas/dape_attention.py)
   pallas_gpu  tile biases: none, ALiBi, Kerple, T5 (no transform) CUDA GPUs (Triton); CPU interpret
 
 'auto' chooses by the platform of the devices the step runs on:
-  TPU  'pallas' for the tile biases, else 'blockwise';
+  TPU  'pallas' for the tile biases and DAPE V1 on ALiBi or Kerple, else 'blockwise';
   GPU  'cudnn' for schemes without bias or transform (the RoPE family, NoPE) in bf16 / fp16,
        'pallas_gpu' for the GPU kernel's tile biases (and the RoPE family in float32, which
        cuDNN's fused attention does not take), else 'blockwise';
@@ -27,6 +28,7 @@ ATTENTION_IMPLS = ('auto', 'dense', 'blockwise', 'cudnn', 'fused', 'pallas', 'pa
 FUSED_IMPLS = ('cudnn', 'fused')  # jax.nn.dot_product_attention: no bias_fn / transform
 TILE_BIAS_IMPLS = ('pallas', 'pallas_gpu')  # the bias computed per tile from a TileBias kind
 TPU_TILE_BIASES = ('none', 'alibi', 'kerple', 't5', 'fox', 'fox_bias_only')
+TPU_DAPE_BIASES = ('alibi', 'kerple')  # the static biases the TPU kernel's fused DAPE V1 adapts
 GPU_TILE_BIASES = ('none', 'alibi', 'kerple', 't5')
 HALF_DTYPES = ('bfloat16', 'float16')
 
@@ -38,6 +40,8 @@ def fusable(scheme) -> bool:
 
 def runs_on_tiles(scheme, impl: str = 'pallas') -> bool:
   """Whether the Pallas tile-bias kernel `impl` ('pallas' | 'pallas_gpu') computes `scheme`."""
+  if impl == 'pallas' and scheme.transform == 'dape_v1':
+    return scheme.bias in TPU_DAPE_BIASES
   biases = TPU_TILE_BIASES if impl == 'pallas' else GPU_TILE_BIASES
   return scheme.transform == 'none' and scheme.bias in biases
 
@@ -52,7 +56,8 @@ SUPPORT: dict[str, tuple[str, Callable]] = {
               'ALiBi family', fusable),
     'cudnn': ('cuDNN runs only encodings without bias or transform (it refuses the ALiBi '
               'family\'s per-key bias)', lambda s: s.transform == 'none' and s.bias == 'none'),
-    'pallas': (_TILES_WORDS.format('ALiBi, Kerple, T5 and FoX'),
+    'pallas': (_TILES_WORDS.format('ALiBi, Kerple, T5 and FoX') + ', and DAPE V1 on ALiBi '
+               'or Kerple',
                lambda s: runs_on_tiles(s, 'pallas')),
     'pallas_gpu': (_TILES_WORDS.format('ALiBi, Kerple and T5'),
                    lambda s: runs_on_tiles(s, 'pallas_gpu')),

@@ -236,6 +236,7 @@ def _summary(config, model=None) -> dict:
       'scan_layers': bool(m.scan_layers),
       'attention_impl': getattr(chosen, 'attention_impl', m.attention_impl),
       'kernels': m.kernels,
+      'block_size': int(getattr(chosen, 'block_size', m.block_size)),
       'batch_size': int(t.batch_size), 'seq_len': int(config.data.seq_len),
       'grad_accum_steps': int(t.grad_accum_steps),
       'loss_chunk_tokens': int(t.loss_chunk_tokens),

@@ -65,8 +65,10 @@ def run(config, topology: str, *, num_slices: int = 1, eval_lengths=(), eval_bat
       devices = topologies.platform_devices(platform, topology, num_slices)
       what = 'the training step' + (f' and the evaluation forward at {",".join(map(str, lengths))}'
                                     if lengths else '')
-      print(f'compiling {what} for {topology} ({len(devices)} devices); a large preset takes a '
-            'minute or more', flush=True)
+      then = ('; then the prediction compiles two costing programs, 2-8 minutes more'
+              if predict and platform == 'tpu' else '')
+      print(f'compiling {what} for {topology} ({len(devices)} devices): about a minute for the '
+            f'151M preset on a 2-core host{then}', flush=True)
       report = aot.compile_for_topology(config, topology, num_slices=num_slices,
                                         eval_lengths=lengths, eval_batch_size=eval_batch_size,
                                         devices=devices, platform=platform)

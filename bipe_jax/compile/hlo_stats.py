@@ -2,6 +2,7 @@
 bytes one device holds of a sharded tree, the size an out-of-memory message names."""
 
 import collections
+import math
 import re
 
 import jax
@@ -99,12 +100,20 @@ def optimal_seconds(cost: dict, hlo_text: str) -> float:
   The model costs each `ConcatBitcast` custom call the TPU compiler inserts (large arrays, e.g.
   a [D, V] embedding, reassembled from slices) at -1 s, a sentinel, not a time: a program with n
   of them reports its time minus n (seen: vocabulary 4096 -> -4.99985 with 5 of them, 1024 ->
-  +6e-5 with none). They are counted as free (data movement) and the n seconds added back; a
-  value still negative is unknown (0).
+  +6e-5 with none). They are counted as free (data movement): a negative value is read as its
+  fraction above the next lower whole second, n = -floor(value) sentinels costed, which the
+  program text must hold (else the time is unknown: 0). The text can hold more than are costed
+  (DAPE-Kerple's blockwise costing programs, unrolled: adding back every one gave 339 s a
+  layer at the paper preset), so n is not read from it. This reading assumes the program runs
+  in under a second, as the costing programs do (1 and 2 layers: 56 and 74 ms at the paper
+  preset).
   """
   raw = float(cost.get('optimal_seconds', 0.0))
   if raw < 0:
-    raw += len(_UNCOSTED.findall(hlo_text))
+    costed = -math.floor(raw)
+    if costed > len(_UNCOSTED.findall(hlo_text)):
+      return 0.0
+    raw += costed
   return raw if raw > 0 else 0.0
 
 

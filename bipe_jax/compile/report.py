@@ -82,6 +82,11 @@ def fit_advice(report: CompileReport) -> str:
   """One line: why a step does not fit and which settings would help."""
   step = next((st for st in report.steps if not report.fits(st)), report.steps[0])
   s, mesh = report.config_summary, report.mesh
+  if 'vmem' in (step.out_of_memory or '').lower():  # a kernel's on-chip scratch, not HBM
+    return (f'does not compile: a kernel of the {step.name} step needs more VMEM (the '
+            f'on-chip scratch memory of {report.device_kind}) than its scoped limit; try '
+            f'smaller attention tiles (model.block_size < {s["block_size"]}) or '
+            "another attention path (model.attention_impl='blockwise')")
   state = report.param_bytes + report.optimizer_bytes
   helps = []
   if state > report.hbm_bytes // 2:

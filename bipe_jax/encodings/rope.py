@@ -3,7 +3,8 @@
 Layout is "rotate half" exactly as Hugging Face Llama: the first and second halves of a head are
 the two coordinates of each rotated pair, and frequency i serves features i and i + Dh/2.
 BiPE-RoPE calls `apply_rope` with the inter-segment ids as positions; plain RoPE with token
-positions. Positions can be any integers.
+positions. Positions can be any integers. `rotate_fused` is `rotate` (the same values) in the
+form XLA fuses into one pass on TPU (the model's Pallas path).
 """
 
 import math
@@ -127,6 +128,68 @@ def rotate(x_BxHxTxDh: jax.Array, cos_Bx1xTxDh: jax.Array, sin_Bx1xTxDh: jax.Arr
   """x * cos + rotate_half(x) * sin in float32, cast back to x.dtype (tables: rope_cos_sin)."""
   x = x_BxHxTxDh.astype(jnp.float32)
   return (x * cos_Bx1xTxDh + rotate_half(x) * sin_Bx1xTxDh).astype(x_BxHxTxDh.dtype)
+
+
+def _partner_matrix(head_dim: int, dtype) -> jax.Array:
+  """[Dh, Dh] 0/1: column j picks feature (j + Dh/2) mod Dh, the other coordinate of j's pair."""
+  p = np.zeros((head_dim, head_dim), np.float32)
+  p[(np.arange(head_dim) + head_dim // 2) % head_dim, np.arange(head_dim)] = 1.0
+  return jnp.asarray(p, dtype)
+
+
+def _mix_pairs(x_BxHxTxDh: jax.Array, cos_Bx1xTxDh: jax.Array,
+               signed_sin_Bx1xTxDh: jax.Array) -> jax.Array:
+  """(x * cos + partner(x) * signed_sin) in float32, cast back to x.dtype, in one pass.
+
+  partner(x) swaps the halves of the last axis. It is read through a product with a 0/1
+  permutation matrix (float32 accumulation, full precision), so every output element is
+  one elementwise expression of x and a product's output: XLA (TPU) fuses the whole rotation
+  into that product's epilogue, where slicing and concatenating halves would materialise them
+  (issue 53). Exact: each output of the product is one input times 1 plus zeros."""
+  dh = x_BxHxTxDh.shape[-1]
+  precision = (None if x_BxHxTxDh.dtype == jnp.bfloat16 else jax.lax.Precision.HIGHEST)
+  partner = jnp.einsum('bhtk,kj->bhtj', x_BxHxTxDh, _partner_matrix(dh, x_BxHxTxDh.dtype),
+                       preferred_element_type=jnp.float32, precision=precision)
+  x = x_BxHxTxDh.astype(jnp.float32)
+  return (x * cos_Bx1xTxDh + partner * signed_sin_Bx1xTxDh).astype(x_BxHxTxDh.dtype)
+
+
+def signed_sin(sin_Bx1xTxDh: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(forward, backward) sin tables of `rotate_fused`: [-s1, s2] and [s2, -s1] for the halves
+  s1, s2 of the last axis (rotate_half's sign, and its transpose's, folded into the table)."""
+  s1, s2 = jnp.split(sin_Bx1xTxDh, 2, axis=-1)
+  return jnp.concatenate([-s1, s2], axis=-1), jnp.concatenate([s2, -s1], axis=-1)
+
+
+@jax.custom_vjp
+def _rotate_fused(x, cos, sin):
+  return _mix_pairs(x, cos, signed_sin(sin)[0])
+
+
+def _rotate_fused_fwd(x, cos, sin):
+  # The residuals are the tables themselves: nothing per layer beyond what rotate keeps.
+  return _mix_pairs(x, cos, signed_sin(sin)[0]), (cos, sin)
+
+
+def _rotate_fused_bwd(residuals, d_out):
+  cos, sin = residuals
+  # The transpose of x -> x * cos + rotate_half(x) * sin is the same kind of pass:
+  # d_x = d * cos + partner(d) * [s2, -s1] (float32, cast to x's dtype, as autodiff of rotate).
+  return _mix_pairs(d_out, cos, signed_sin(sin)[1]), None, None
+
+
+_rotate_fused.defvjp(_rotate_fused_fwd, _rotate_fused_bwd)
+
+
+def rotate_fused(x_BxHxTxDh: jax.Array, cos_Bx1xTxDh: jax.Array,
+                 sin_Bx1xTxDh: jax.Array) -> jax.Array:
+  """`rotate` (same values) computed so that XLA fuses it: one pass over x forward and one over
+  the cotangent backward, no float32 halves materialised (`_mix_pairs`). The tables get no
+  gradient (they come from integer positions). For the TPU kernel's path; on CPU `rotate` is
+  cheaper (the permutation product costs Dh multiply-adds per element)."""
+  if x_BxHxTxDh.shape[-1] % 2:
+    raise ValueError(f'rotate_fused: head_dim must be even, got {x_BxHxTxDh.shape[-1]}.')
+  return _rotate_fused(x_BxHxTxDh, cos_Bx1xTxDh, sin_Bx1xTxDh)
 
 
 def rope_log_scale(positions_BxT: jax.Array, train_length: int,

@@ -46,10 +46,10 @@ class AttentionProbe(model_lib.Attention):
       streams = side.stream(scheme.bias_stream)
       bias = bias_fn(streams, streams).astype(jnp.float32)
       out['bias'] = bias
-    transform_fn, _ = self._transform_fn()
-    if transform_fn is not None:
+    transform = self._transform()
+    if transform is not None:
       in_range = jnp.ones(side.index.shape, bool)
-      out['logits'] = transform_fn(scores, bias, side.index, side.index, in_range).astype(
+      out['logits'] = transform.fn(scores, bias, side.index, side.index, in_range).astype(
           jnp.float32)
     else:
       out['logits'] = scores if bias is None else scores + bias

@@ -135,8 +135,27 @@ def test_the_implementation_chosen():
 
 
 @pytest.mark.parametrize('impl,name', [('pallas_gpu', 'fox'), ('cudnn', 'bipe_alibi'),
-                                       ('fused', 'kerple'), ('pallas', 'dape_kerple')])
+                                       ('fused', 'kerple'), ('pallas', 'dape_fire')])
 def test_an_implementation_that_does_not_compute_the_scheme_is_refused(impl, name):
   with pytest.raises(ValueError, match=f"attention_impl='{impl}': .*use blockwise or dense") as e:
     _op(impl, name)(Q, K, V, _mask())
+  assert '\n' not in str(e.value)
+
+
+def test_pallas_fuses_dape_v1_and_refuses_it_in_encoder_mode():
+  """DAPE V1 on ALiBi: the TPU kernel (interpret mode here) equals dense DAPE through the op;
+  in encoder mode (a two-sided bias the kernel does not make) it is refused in one line."""
+  num_features, hidden = 2 * H, 4
+  rng = np.random.default_rng(3)
+  params = {'w_in': rng.normal(size=(num_features, hidden)) * 0.3, 'b_in': rng.normal(size=hidden),
+            'w_out': rng.normal(size=(hidden, H)) * 0.3, 'b_out': rng.normal(size=H)}
+  params = {n: jnp.asarray(p, jnp.float32) for n, p in params.items()}
+  from bipe_jax.encodings import dape  # pylint: disable=import-outside-toplevel
+  transform = attention_op.TransformTerm(
+      lambda s, b, *_: dape.dape_v1_transform(s, b, params), kind='dape_v1', params=params)
+  fused = _op('pallas', 'dape_alibi')(Q, K, V, _mask(), _alibi_term(), transform)
+  dense = _op('dense', 'dape_alibi')(Q, K, V, _mask(), _alibi_term(), transform)
+  np.testing.assert_allclose(fused, dense, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match='causal attention only') as e:
+    _op('pallas', 'dape_alibi')(Q, K, V, _mask(causal=False), _alibi_term(), transform)
   assert '\n' not in str(e.value)

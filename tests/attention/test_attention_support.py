@@ -13,10 +13,11 @@ FUSED = NO_BIAS | {'alibi', 'bipe_alibi'}
 PALLAS = FUSED | {'kerple', 't5', 'bipe_kerple'}
 FOX = {'fox', 'fox_bias_only', 'bipe_fox', 'bipe_fox_bias_only', 'fox_pro',
        'bipe_fox_pro'}  # a TPU-kernel bias kind
+DAPE_FUSED = {'dape_alibi', 'dape_kerple', 'bipe_dape_kerple'}  # DAPE V1 in the TPU kernel
 EXPECTED = {'auto': set(SCHEME_NAMES), 'dense': set(SCHEME_NAMES),
             'blockwise': set(SCHEME_NAMES), 'fused': FUSED,
             'cudnn': NO_BIAS,  # cuDNN refused ALiBi's per-key bias on an H200
-            'pallas': PALLAS | FOX, 'pallas_gpu': PALLAS}
+            'pallas': PALLAS | FOX | DAPE_FUSED, 'pallas_gpu': PALLAS}
 
 
 def test_the_table_names_every_implementation():
@@ -30,8 +31,8 @@ def test_which_schemes_each_implementation_computes(impl):
 
 def test_an_unsupported_pair_is_one_line_naming_the_scheme_and_the_way_out():
   assert support.unsupported_reason('fused', get_scheme('rope')) is None
-  reason = support.unsupported_reason('pallas', get_scheme('dape_kerple'))
-  assert "not 'dape_kerple'" in reason and 'use blockwise or dense' in reason
+  reason = support.unsupported_reason('pallas', get_scheme('dapev2_kerple'))
+  assert "not 'dapev2_kerple'" in reason and 'use blockwise or dense' in reason
   assert not support.supports('nope_impl', get_scheme('rope'))
   assert 'nope_impl' in support.unsupported_reason('nope_impl', get_scheme('rope'))
 
@@ -51,13 +52,14 @@ def test_model_config_refuses_exactly_what_the_table_refuses(impl):
 
 # 'auto' (the library default): the fastest path per (platform, scheme), written out by hand
 TRANSFORMED = {'cope', 'dape_alibi', 'dape_kerple', 'dape_fire', 'dapev2_kerple',
-               'bipe_dape_kerple'}  # a score transform: no kernel computes it
+               'bipe_dape_kerple'}  # a score transform: only DAPE_FUSED has a kernel (TPU)
 FIRE = {'fire', 'bipe_fire'}  # an MLP bias: no tile-bias kind
 FORGET = FOX | {n for n in SCHEME_NAMES if get_scheme(n).bias in ('fox', 'fox_bias_only')}
 assert NO_BIAS | (PALLAS - NO_BIAS) | FORGET | TRANSFORMED | FIRE == set(SCHEME_NAMES)
 AUTO = {  # (platform, dtype) -> {scheme: choice}
     ('tpu', 'bfloat16'): {**dict.fromkeys(PALLAS | FORGET, 'pallas'),
-                          **dict.fromkeys(TRANSFORMED | FIRE, 'blockwise')},
+                          **dict.fromkeys(DAPE_FUSED, 'pallas'),
+                          **dict.fromkeys(TRANSFORMED - DAPE_FUSED | FIRE, 'blockwise')},
     ('gpu', 'bfloat16'): {**dict.fromkeys(NO_BIAS, 'cudnn'),
                           **dict.fromkeys(PALLAS - NO_BIAS, 'pallas_gpu'),
                           **dict.fromkeys(FORGET | TRANSFORMED | FIRE, 'blockwise')},

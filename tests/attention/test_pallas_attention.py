@@ -155,6 +155,8 @@ TOKENS = jnp.asarray(np.random.default_rng(1).integers(0, 16, (2, 20)), jnp.int3
     ('t5', {'pad_id': 0}),
     ('rope', {}),
     ('bipe_fox', {'pad_id': 0}),  # FoX's float positions, their gradient from the kernel
+    # DAPE V1 fused (pallas/dape_attention.py): Kerple on the segment index, documents, padding
+    ('bipe_dape_kerple', {'pad_id': 0, 'mask_across_documents': True}),
 ])
 def test_model_with_pallas_equals_dense(name, extra):
   dense, kernel = _model(name, 'dense', **extra), _model(name, 'pallas', **extra)
@@ -167,8 +169,13 @@ def test_model_with_pallas_equals_dense(name, extra):
     logits = model.apply({'params': p}, TOKENS)
     return jnp.mean(jax.nn.log_softmax(logits).max(-1) * real * jnp.arange(20.0))
 
+  assert_kernel_model_equals_dense(dense, kernel, loss, params)
+
+
+def assert_kernel_model_equals_dense(dense, kernel, loss, params):
+  """loss(model, params) and its gradients: the kernel model's, under the training mesh (one
+  device here: the kernels run inside a shard_map), equal the dense model's."""
   want, g_want = jax.jit(jax.value_and_grad(lambda p: loss(dense, p)))(params)
-  # Under the training mesh (one device here) the kernels run inside a shard_map.
   mesh = mesh_lib.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)))
   with train_state.mesh_context(mesh):
     got, g_got = jax.jit(jax.value_and_grad(lambda p: loss(kernel, p)))(params)
@@ -177,7 +184,7 @@ def test_model_with_pallas_equals_dense(name, extra):
 
 
 def test_config_refuses_the_encodings_the_kernel_does_not_cover():
-  for name in ('fire', 'dape_kerple'):
+  for name in ('fire', 'dapev2_kerple', 'dape_fire'):
     with pytest.raises(ValueError, match="attention_impl.*compute only the ALiBi, Kerple, T5"):
       _model(name, 'pallas')
 

@@ -1,8 +1,11 @@
 """The fused DAPE V1 Pallas kernels (interpret mode on CPU, float32) equal dense attention with
 `dape_v1_transform`, in values and in gradients (q, k, v, every DAPE parameter, Kerple's p and
-a), with causal masking, two documents in a row, a padded tail and a ragged length, for Kerple
-and ALiBi biases; V2 is refused in one line; the TPU (Mosaic) lowering exports."""
+a), with causal masking, two documents in a row, a padded tail, a ragged length and GQA, for
+Kerple and ALiBi biases, the MLP reading scores and bias (C = 2H) or the scores only (C = H);
+V2 is refused in one line; a masked tile is never fetched; the cost estimates count the blocks
+the kernels' specs copy; the kernels lower to Mosaic and (libtpu) compile for a v5e chip."""
 
+import contextlib
 import functools
 
 import chex
@@ -14,7 +17,6 @@ import pytest
 from bipe_jax import attention
 from bipe_jax.attention.pallas import cost as pallas_cost
 from bipe_jax.attention.pallas import dape_attention
-from bipe_jax.attention.pallas import dape_backward
 from bipe_jax.attention.pallas import dape_cost
 from bipe_jax.attention.pallas import dape_forward
 from bipe_jax.attention.pallas import dape_tile
@@ -25,7 +27,7 @@ from bipe_jax.encodings import alibi
 from bipe_jax.encodings import dape
 from bipe_jax.encodings import kerple
 
-B, H, G, T, D, N = 2, 4, 2, 240, 8, 8  # T: ragged (padded to 2 tiles of 128 inside)
+B, H, G, T, D, N = 2, 2, 1, 240, 8, 8  # T: ragged (padded to 2 tiles of 128 inside)
 _RNG = np.random.default_rng(0)
 Q, K, V = (jnp.asarray(_RNG.normal(size=s), jnp.float32)
            for s in ((B, H, T, D), (B, G, T, D), (B, G, T, D)))
@@ -54,7 +56,7 @@ def _case(kind):
           lambda r: functools.partial(alibi.alibi_bias, slopes_H=slopes, slope_factor=1.0))
 
 
-def _losses(kind, causal=True):
+def _losses(kind, features, causal=True, batch_axes=None):
   tile_bias, raw, kernel_params, bias_fn = _case(kind)
   mask = attention.AttentionMask(q_pos=POS, k_pos=POS, k_valid=VALID, q_document=DOC,
                                  k_document=DOC, causal=causal)
@@ -62,7 +64,8 @@ def _losses(kind, causal=True):
   def pallas_loss(q, k, v, dp, r):
     out = dape_attention.pallas_dape_attention(q, k, v, mask=mask, dape_params=dp,
                                                tile_bias=tile_bias,
-                                               bias_params_HxP=kernel_params(r))
+                                               bias_params_HxP=kernel_params(r),
+                                               batch_axes=batch_axes)
     return jnp.sum(out * COTANGENT), out
 
   def dense_loss(q, k, v, dp, r):
@@ -71,14 +74,19 @@ def _losses(kind, causal=True):
                                     transform_fn=transform)
     return jnp.sum(out * COTANGENT), out
 
-  return pallas_loss, dense_loss, (Q, K, V, _dape_params(2 * H), raw)
+  return pallas_loss, dense_loss, (Q, K, V, _dape_params(features), raw)
 
 
-@pytest.mark.parametrize('kind', ['kerple', 'alibi'])
-def test_values_and_gradients_equal_dense(kind):
-  pallas_loss, dense_loss, args = _losses(kind)
+@pytest.mark.parametrize('kind,features', [('kerple', 2 * H), ('alibi', 2 * H), ('kerple', H)])
+def test_values_and_gradients_equal_dense(kind, features):
+  """features 2H: the MLP reads scores and bias (DAPE's default); H: the scores only, and the
+  kernels run per shard of a (one-device) mesh, as under the training step's mesh."""
+  on_mesh = features == H
+  pallas_loss, dense_loss, args = _losses(kind, features, batch_axes='data' if on_mesh else None)
   grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True))
-  (_, got), g_got = grad(pallas_loss)(*args)
+  mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+  with jax.set_mesh(mesh) if on_mesh else contextlib.nullcontext():
+    (_, got), g_got = grad(pallas_loss)(*args)
   (_, want), g_want = grad(dense_loss)(*args)
   chex.assert_shape(got, (B, H, T, D))
   chex.assert_trees_all_equal_shapes_and_dtypes(g_got, g_want)
@@ -100,14 +108,14 @@ def test_dape_v2_and_other_biases_are_refused_in_one_line():
   mask = attention.AttentionMask.causal_from_positions(POS)
   v2 = dict(w_in=jnp.zeros((3, 2 * H, N)), b_in=jnp.zeros(N), w_out=jnp.zeros((3, N, H)),
             b_out=jnp.zeros(H))
-  with pytest.raises(ValueError, match=r'fuses DAPE V1 only: w_in \(3, 8, 8\) is V2') as e:
+  with pytest.raises(ValueError, match=rf'fuses DAPE V1 only: w_in \(3, {2 * H}, {N}\) is V2') as e:
     dape_attention.pallas_dape_attention(Q, K, V, mask=mask, dape_params=v2,
                                          bias_params_HxP=jnp.ones((H, 2)))
   assert '\n' not in str(e.value)
   with pytest.raises(ValueError, match="bias 'fox' is not one of"):
     dape_attention.pallas_dape_attention(Q, K, V, mask=mask, dape_params=_dape_params(2 * H),
                                          tile_bias=TileBias('fox'))
-  with pytest.raises(ValueError, match='needs C = 2H = 8'):
+  with pytest.raises(ValueError, match=f'needs C = 2H = {2 * H}'):
     dape_attention.pallas_dape_attention(Q, K, V, mask=mask, dape_params=_dape_params(3),
                                          bias_params_HxP=jnp.ones((H, 2)))
 
@@ -128,6 +136,32 @@ def _copies(spec, grid, lo, hi) -> int:
     block = tuple(int(x) for x in spec.index_map(*idx, lo, hi))
     count, last = count + (block != last), block
   return count
+
+
+def test_a_masked_tile_is_not_fetched():
+  """Causal with two documents (the second from token 256): a step outside its row's range of
+  key tiles repeats the block index of a neighbouring step that computes, so the pipeline,
+  which copies a block only when its index changes, never fetches a masked tile."""
+  b, t, block = 1, 512, 128
+  n = t // block
+  pos = jnp.arange(t, dtype=jnp.int32)[None]
+  doc = (pos >= 256).astype(jnp.int32)
+  q_info = layout.query_rows(pos, pos, doc, t)
+  k_info = layout.key_info(pos, pos, doc, None, t)
+  ranges = tile_ranges.tile_ranges(q_info, k_info, block, block, True)
+  specs = dape_forward.specs(b, H, G, D, n, n, block, block, key_outer=False)
+  lo, hi = np.asarray(ranges.k_lo), np.asarray(ranges.k_hi)
+  assert (lo.tolist(), hi.tolist()) == ([0, 0, 2, 2], [0, 1, 2, 3])  # documents 0-255, 256-
+  fetched, last = [], None
+  for _, i, j in np.ndindex(b, n, n):
+    index = tuple(int(x) for x in specs['k'].index_map(0, i, j, lo, hi))
+    if index != last:
+      fetched.append((i, index[-1]))
+    last = index
+  # each copied key block is one its query tile computes: (0, 0), (1, 1), (2, 2), (3, 3); the
+  # blocks (1, 0) and (3, 2) are already loaded, the 10 masked tiles never copied
+  assert fetched == [(0, 0), (1, 1), (2, 2), (3, 3)]
+  assert _copies(specs['k'], (b, n, n), lo, hi) == 4
 
 
 def _bytes(spec, grid, lo, hi, itemsize) -> int:
@@ -165,10 +199,9 @@ def test_cost_estimates_count_the_computed_tiles_and_the_blocks_the_specs_copy()
   # forward: q, k, v, the side arrays in; out (q's blocks), lse out
   assert fwd_est.bytes_accessed == copied(['q', 'k', 'v', 'q_info', 'k_info', 'q', 'lse']) \
       + fixed
-  grad_rows = dape_backward.grad_rows(flat)
   assert dq_est.bytes_accessed == copied(
       ['q', 'k', 'v', 'do', 'lse', 'delta', 'q_info', 'k_info', 'q']) + fixed \
-      + b * pallas_cost.tiled_bytes((grad_rows, block), 4)
+      + b * pallas_cost.tiled_bytes((N + 1, flat.grad_rows, block), 4)
   s = dape_forward.specs(b, H, G, d, n, n, block, block, key_outer=True)
   copied = lambda names: sum(_bytes(s[x], grid, q_lo, q_hi, sizes[x]) for x in names)
   assert dkv_est.bytes_accessed == copied(
@@ -189,3 +222,34 @@ def test_the_tpu_lowering_is_mosaic():
   grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
   tpu = jax.export.export(grad, platforms=['tpu'])(*shapes, dp).mlir_module()
   assert tpu.count('tpu_custom_call') == 3  # forward, dQ with the parameters, dK / dV
+
+
+@pytest.mark.slow  # a libtpu compile of the three kernels
+def test_the_kernels_compile_for_a_v5e_chip_with_their_cost_estimates():
+  pytest.importorskip('libtpu', reason='the TPU compiler (requirements-tpu.txt) is not installed')
+  from bipe_jax.compile import topologies  # pylint: disable=import-outside-toplevel
+  device = topologies.topology_devices('v5e:2x2')[0]
+  b, t, d = 1, 256, 64
+  on_chip = lambda shape, dtype: jax.ShapeDtypeStruct(
+      shape, dtype, sharding=jax.sharding.SingleDeviceSharding(device))
+  flat = dape_tile.FlatParams(2 * H, N, H, 2)
+
+  def loss(q, k, v, dp, bias_params):
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    out = dape_attention.pallas_dape_attention(
+        q, k, v, mask=attention.AttentionMask.causal_from_positions(pos), dape_params=dp,
+        bias_params_HxP=bias_params)
+    return jnp.sum(out.astype(jnp.float32) ** 2)
+
+  args = (on_chip((b, H, t, d), jnp.bfloat16), on_chip((b, G, t, d), jnp.bfloat16),
+          on_chip((b, G, t, d), jnp.bfloat16),
+          jax.tree.map(lambda x: on_chip(x.shape, x.dtype), _dape_params(2 * H)),
+          on_chip((H, 2), jnp.float32))
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))).lower(*args).compile()
+  assert compiled.as_text().count('tpu_custom_call') == 3
+  shape = (b, H, G, t, t, d, 128, 128, True, 2, flat, b * t // 128, 'kerple')
+  kernels = dape_cost.forward_cost(*shape).flops + sum(
+      c.flops for c in dape_cost.backward_cost(*shape))
+  analysis = compiled.cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, list) else analysis
+  assert kernels <= analysis['flops'] < 1.1 * kernels  # XLA counts the kernels by the estimates

@@ -66,7 +66,7 @@ def test_costing_config_is_loop_free_and_leaves_the_preset_alone():
   # attention_impl 'auto': the Pallas kernel on a TPU (its own tiles, costed by its estimate)
   assert c.model.attention_impl == 'auto' and c.model.block_size == config.model.block_size
   dape = paper_151m_tpu.get_config('alibi')
-  dape.model.position_encoding = 'dape_kerple'  # blockwise on a TPU: its own blocks, unrolled
+  dape.model.position_encoding = 'dape_fire'  # blockwise on a TPU: its own blocks, unrolled
   assert step_cost.costing_config(dape, 1).model.block_size == dape.model.block_size < 1024
   assert step_cost.costing_config(dape, 1, one_block=True).model.block_size == 1024
   # one_block leaves a Pallas step's tiles alone
@@ -106,8 +106,8 @@ def test_predict_says_which_program_it_compiles_and_the_time_so_far(monkeypatch)
 
 def test_blockwise_is_costed_in_one_block_then_in_its_own_blocks_when_that_does_not_fit(
     monkeypatch):
-  """DAPE (blockwise on a TPU): the one-block costing program does not fit, so both programs
-  are compiled again in the step's own blocks, and the prediction says so."""
+  """DAPE-FIRE (blockwise on a TPU): the one-block costing program does not fit, so both
+  programs are compiled again in the step's own blocks, and the prediction says so."""
   monkeypatch.setattr(step_cost, '_now', lambda: 0.0)
   calls = []
 
@@ -122,7 +122,7 @@ def test_blockwise_is_costed_in_one_block_then_in_its_own_blocks_when_that_does_
   monkeypatch.setattr(step_cost.aot, 'resolve', lambda c, n: type('R', (), dict(model=None)))
   monkeypatch.setattr(step_cost.flops_lib, 'train_flops_per_token', lambda *a: 1.0)
   dape = paper_151m_tpu.get_config('alibi')
-  dape.model.position_encoding = 'dape_kerple'
+  dape.model.position_encoding = 'dape_fire'
   block = int(dape.model.block_size)
   lines = []
   p = step_cost.predict(dape, 'v5e:2x4', [None] * 8, progress=lines.append)
@@ -193,6 +193,8 @@ def test_optimal_seconds_adds_back_the_uncosted_concat_bitcasts():
                       rel_tol=1e-6)
   assert hlo_stats.optimal_seconds({'optimal_seconds': 2e-3}, text) == 2e-3
   assert hlo_stats.optimal_seconds({'optimal_seconds': -6.5}, text) == 0.0  # still unknown
+  # more in the text than are costed (unrolled blockwise programs): the fraction, not n
+  assert math.isclose(hlo_stats.optimal_seconds({'optimal_seconds': -2.75}, text), 0.25)
   assert hlo_stats.optimal_seconds({}, '') == 0.0
 
 
@@ -366,3 +368,26 @@ def test_the_presets_quote_the_figures_the_tools_measured():
   assert '0.5-0.7M' not in tpu_doc and '27.9 GiB' not in docstring
   fits = re.search(r'`remat=save_projections`, loss chunks of 4096: ([\d.]+) GiB per chip', doc)
   assert fits and f'compiles to {fits.group(1)} of 16 GiB' in tpu_doc
+
+
+def test_a_kernel_out_of_vmem_is_not_advised_as_a_smaller_batch():
+  """The TPU compiler's VMEM refusal (a Pallas kernel's scoped scratch) names the tiles, not HBM
+  (the message the fused DAPE kernel got at 256 x 256 tiles before they were capped)."""
+  from bipe_jax.compile import report as report_lib  # pylint: disable=import-outside-toplevel
+  refused = report_lib.StepFigures(
+      name='train', argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0,
+      generated_code_bytes=0, flops=0.0, model_flops=0.0, collectives={}, compile_seconds=1.0,
+      out_of_memory='RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Ran out of memory in '
+                    'memory space vmem while allocating on stack for %branch_0_fun.5')
+  summary = dict(block_size=256, batch_size=256, grad_accum_steps=1, remat='full',
+                 dtype='bfloat16')
+  report = report_lib.CompileReport(
+      topology='v5e:2x4', num_slices=1, device_kind='TPU v5 lite', num_devices=8,
+      mesh=dict(data=8, fsdp=1, context=1, tensor=1), hbm_bytes=16 * 2**30, param_bytes=2**30,
+      optimizer_bytes=2**31, steps=[refused], config_summary=summary)
+  advice = report_lib.fit_advice(report)
+  assert 'VMEM' in advice and 'model.block_size < 256' in advice, advice
+  assert 'batch' not in advice and 'GiB' not in advice, advice
+  summary['block_size'] = 128
+  refused.out_of_memory = 'RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. 20.1G'
+  assert 'smaller per-chip batch' in report_lib.fit_advice(report)

@@ -31,8 +31,33 @@ def test_plan_puts_the_anchor_and_the_deciding_rows_first_and_keeps_each_support
                   ('fire', 'blockwise'), ('fire', 'dense'),  # FIRE: no kernel, not fusable
                   ('rope', 'blockwise'), ('rope', 'dense'), ('rope', 'fused'),
                   ('bipe_alibi', 'blockwise'), ('bipe_alibi', 'dense'), ('bipe_alibi', 'fused')]
-  assert bench.plan(['dape_kerple'], ('pallas', 'blockwise'), anchor=False) == [
-      ('dape_kerple', 'blockwise')]  # DAPE has no Pallas path
+  assert bench.plan(['dape_kerple', 'dape_fire'], ('pallas', 'blockwise'), anchor=False) == [
+      ('dape_kerple', 'pallas'), ('dape_kerple', 'blockwise'),  # V1 on Kerple: the fused kernel
+      ('dape_fire', 'blockwise')]  # DAPE on FIRE: no Pallas path
+
+
+def test_block_sizes_cost_each_pallas_row_once_per_size():
+  rows = bench.plan(['fire', 'rope'], ('pallas', 'dense'), anchor=True)
+  assert bench.with_block_sizes(rows, (128, 512)) == [
+      (bench.ANCHOR, None, None), ('rope', 'pallas', 128), ('rope', 'pallas', 512),
+      ('fire', 'dense', None), ('rope', 'dense', None)]
+  assert bench.with_block_sizes(rows, ()) == [r + (None,) for r in rows]
+
+
+def test_the_block_table_has_a_line_per_encoding_and_a_column_per_size():
+  anchor = {'encoding': bench.ANCHOR, 'impl': 'splash', 'ms': 20.0, 'mfu': 0.5,
+            'concat_bitcasts': 21}
+  row = lambda enc, block, ms, **kw: {'encoding': enc, 'impl': f'pallas, block {block}',
+                                      'block': block, 'ms': ms, 'mfu': 10.0 / ms, **kw}
+  rows = [anchor, row('rope', 128, 25.0), row('rope', 512, 16.0),
+          row('alibi', 128, 20.0), row('alibi', 512, 3e5, concat_bitcasts=157)]
+  lines = bench.block_table(rows).splitlines()
+  assert 'block 128' in lines[0] and 'block 512' in lines[0]
+  assert lines[2].split('|')[1:4] == [' rope ', ' 25 (40.0 %, 1.25x stock) ',
+                                      ' 16 (62.5 %, 0.80x stock) ']
+  # a sentinel residue of XLA's ConcatBitcast pricing is no figure (hlo_stats.optimal_seconds)
+  assert lines[3].split('|')[1:4] == [' alibi ', ' 20 (50.0 %, 1.00x stock) ', ' - ']
+  assert bench.block_table(rows[:2]) == ''  # one size: no table
 
 
 @pytest.mark.slow  # two TPU compiles of the tiny anchor layer

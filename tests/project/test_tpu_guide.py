@@ -41,7 +41,8 @@ def test_the_tpu_preset_is_the_paper_preset_with_tpu_settings(preset):
   assert (tpu.model.dtype, tpu.model.remat) == ('bfloat16', 'save_projections')
   assert (tpu.train.loss_chunk_tokens, tpu.data.num_threads) == (4096, 32)
   changed = {'model.dtype', 'model.remat', 'train.loss_chunk_tokens', 'data.num_threads',
-             'data.prefetch'}
+             'data.prefetch', 'model.block_size'}
+  assert tpu.model.block_size == 512  # the Pallas kernel's tiles (configs/paper_151m_tpu.py)
   for section in ('model', 'data', 'train', 'checkpoint', 'mesh'):
     for key, value in paper[section].items():
       if f'{section}.{key}' not in changed:

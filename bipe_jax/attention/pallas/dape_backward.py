@@ -6,7 +6,7 @@ delta_h = rowsum(dO_h * O_h) (computed outside):
   dA_h = p_h * (dO_h V_g^T - delta_h),  then through the MLP (dape_tile.backward) ds_h, db_h;
   dQ_h = scale ds_h K_g,  dK_g = scale sum_{h in g} ds_h^T Q_h,  dV_g = sum_{h in g} p_h^T dO_h;
   the packed parameters' gradient (DAPE's w_in, b_in, w_out, b_out and the bias parameters
-  through tile_bias.param_grad_tiles on db) as sums over the tiles (dape_tile.param_grad_tiles).
+  through tile_bias.param_grad_tiles on db) as sums over the tiles (dape_tile.backward).
 dQ kernel: grid (B, query tiles, key tiles), key tiles innermost; it accumulates the parameters'
   gradient as rows [size, bk] (summed over the tile's queries) in VMEM across all tiles of a
   batch row and writes them once per row ([B, size8, bk], summed outside).
@@ -28,28 +28,28 @@ from bipe_jax.attention.pallas import dape_tile
 from bipe_jax.attention.pallas import layout
 
 
-def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, w_ref, *,
-                tile_bias, flat, scale, causal):
-  """(p [H], dA [H], ds [H], db [H], s [H], b [H], z [N], a [N], dz [N], streams) float32 [q, k]
-  tiles of one (query tile, key tile)."""
+def _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, w_ref,
+                x_scr, logits_scr, z_scr, dx_scr, *, tile_bias, flat, scale, causal, on_p=None,
+                grad_ref=None):
+  """One (query tile, key tile): ds_h float32 [q, k] into logits_scr[h] (dape_tile.backward);
+  on_p(h, p_h) sees each head's probabilities; grad_ref: the parameters' gradient rows."""
   group = q_ref.shape[0] // k_ref.shape[0]
-  logits, vis, s, b, z, a, streams = fwd.tile_logits(
-      q_ref, k_ref, qi_ref, ki_ref, w_ref, tile_bias=tile_bias, flat=flat, scale=scale,
-      causal=causal)
-  p, da = [], []
+  vis, streams = fwd.tile_logits(q_ref, k_ref, qi_ref, ki_ref, w_ref, x_scr, logits_scr, z_scr,
+                                 tile_bias=tile_bias, flat=flat, scale=scale, causal=causal)
   for h in range(flat.heads):
-    p_h = jnp.where(vis, jnp.exp(logits[h] - layout.row_to_column(lse_ref[h])), 0.0)
+    p = jnp.where(vis, jnp.exp(logits_scr[h] - layout.row_to_column(lse_ref[h])), 0.0)
+    if on_p is not None:
+      on_p(h, p)
     dp = jax.lax.dot_general(do_ref[h], v_ref[h // group], fwd.TRANS_A,  # [Dh, q] x [Dh, k]
                              preferred_element_type=jnp.float32)
-    p.append(p_h)
-    da.append(p_h * (dp - layout.row_to_column(delta_ref[h])))
-  dz, ds, db = dape_tile.backward(da, z, flat, lambda idx: w_ref[idx])
-  return p, da, ds, db, s, b, z, a, dz, streams
+    logits_scr[h] = p * (dp - layout.row_to_column(delta_ref[h]))  # dA
+  dape_tile.backward(logits_scr, z_scr, x_scr, dx_scr, flat, lambda idx: w_ref[idx], grad_ref,
+                     tile_bias, streams)
 
 
 def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
-               w_ref, dq_ref, dw_ref, dq_scr, dw_scr, *, tile_bias, flat, scale, causal,
-               n_q_tiles, n_k_tiles):
+               w_ref, dq_ref, dw_ref, dq_scr, dw_scr, x_scr, logits_scr, z_scr, dx_scr, *,
+               tile_bias, flat, scale, causal, n_q_tiles, n_k_tiles):
   b, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   group = q_ref.shape[0] // k_ref.shape[0]
 
@@ -63,18 +63,13 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, 
 
   @pl.when(fwd.runs(lo_ref, hi_ref, b, i, j, n_q_tiles))
   def _compute():
-    _, da, ds, db, s, bias, _, a, dz, streams = _tile_grads(
-        q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, w_ref,
-        tile_bias=tile_bias, flat=flat, scale=scale, causal=causal)
+    _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, w_ref, x_scr,
+                logits_scr, z_scr, dx_scr, tile_bias=tile_bias, flat=flat, scale=scale,
+                causal=causal, grad_ref=dw_scr)
     for h in range(flat.heads):
       k = k_ref[h // group]  # [Dh, k]; dQ^T = K^T dS^T
-      dq_scr[h] += jax.lax.dot_general(k, ds[h].astype(k.dtype), fwd.TRANS_B,
+      dq_scr[h] += jax.lax.dot_general(k, logits_scr[h].astype(k.dtype), fwd.TRANS_B,
                                        preferred_element_type=jnp.float32) * scale
-    x = dape_tile.features(s, bias, flat)
-    w = lambda idx: w_ref[idx]
-    for idx, tile in dape_tile.param_grad_tiles(x, a, dz, da, db, tile_bias, flat, w,
-                                                *streams):
-      dw_scr[idx:idx + 1, :] += jnp.sum(tile, axis=0, keepdims=True)
 
   @pl.when(j == n_k_tiles - 1)
   def _finish_row():
@@ -86,8 +81,8 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, 
 
 
 def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref,
-                ki_ref, w_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, tile_bias, flat, scale,
-                causal, n_q_tiles, n_k_tiles):
+                ki_ref, w_ref, dk_ref, dv_ref, dk_scr, dv_scr, x_scr, logits_scr, z_scr, dx_scr,
+                *, tile_bias, flat, scale, causal, n_q_tiles, n_k_tiles):
   b, j, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   group = q_ref.shape[0] // k_ref.shape[0]
 
@@ -96,16 +91,18 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
     dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
 
+  def on_p(h, p):  # dV^T = dO^T P
+    do = do_ref[h]  # [Dh, q]
+    dv_scr[h // group] += jnp.dot(do, p.astype(do.dtype), preferred_element_type=jnp.float32)
+
   @pl.when(fwd.runs(lo_ref, hi_ref, b, j, i, n_k_tiles))
   def _compute():
-    p, _, ds, *_ = _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref,
-                               w_ref, tile_bias=tile_bias, flat=flat, scale=scale,
-                               causal=causal)
+    _tile_grads(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qi_ref, ki_ref, w_ref, x_scr,
+                logits_scr, z_scr, dx_scr, tile_bias=tile_bias, flat=flat, scale=scale,
+                causal=causal, on_p=on_p)
     for h in range(flat.heads):
-      q, do = q_ref[h], do_ref[h]  # [Dh, q]; dV^T = dO^T P, dK^T = Q^T dS
-      dv_scr[h // group] += jnp.dot(do, p[h].astype(do.dtype),
-                                    preferred_element_type=jnp.float32)
-      dk_scr[h // group] += jnp.dot(q, ds[h].astype(q.dtype),
+      q = q_ref[h]  # [Dh, q]; dK^T = Q^T dS
+      dk_scr[h // group] += jnp.dot(q, logits_scr[h].astype(q.dtype),
                                     preferred_element_type=jnp.float32) * scale
 
   @pl.when(i == n_q_tiles - 1)
@@ -114,14 +111,9 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
 
 
-def grad_rows(flat) -> int:
-  """Rows of the parameters' gradient block: the packed size rounded up to 8 sublanes."""
-  return layout.round_up(flat.size, 8)
-
-
 def backward(q, k, v, out, lse, d_out, flat_params, q_info, k_info, k_lo, k_hi, q_lo, q_hi, *,
              tile_bias, flat, scale: float, causal: bool, block_q: int, block_k: int,
-             interpret: bool):
+             interpret: bool, vmem_limit_bytes=None):
   """(dq, dk, dv in the inputs' dtypes, d flat_params float32 [flat.size]); shapes as
   `dape_forward.forward`; k_lo / k_hi (per query tile) and q_lo / q_hi (per key tile):
   tile_ranges.py's ranges [B * n]."""
@@ -133,7 +125,9 @@ def backward(q, k, v, out, lse, d_out, flat_params, q_info, k_info, k_lo, k_hi, 
   names = ('q', 'k', 'v', 'do', 'lse', 'delta', 'q_info', 'k_info', 'weights')
   statics = dict(tile_bias=tile_bias, flat=flat, scale=scale, causal=causal, n_q_tiles=n_q,
                  n_k_tiles=n_k)
-  rows = grad_rows(flat)
+  grad_shape = (flat.hidden + 1, flat.grad_rows, block_k)
+  scratch = fwd.tile_scratch(flat, block_q, block_k, hidden=True) + [
+      pltpu.VMEM((flat.features, block_q, block_k), jnp.float32)]  # dx
   dq_cost, dkv_cost = dape_cost.backward_cost(b, h, g, tq, tk, d, block_q, block_k, causal,
                                               q.dtype.itemsize, flat, k_lo.size,
                                               tile_bias.kind)
@@ -144,13 +138,14 @@ def backward(q, k, v, out, lse, d_out, flat_params, q_info, k_info, k_lo, k_hi, 
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=2, grid=(b, n_q, n_k), in_specs=[s[n] for n in names],
           out_specs=[pl.BlockSpec((None, h, d, block_q), lambda bb, i, j, *_: (bb, 0, 0, i)),
-                     pl.BlockSpec((None, rows, block_k), lambda bb, i, j, *_: (bb, 0, 0))],
+                     pl.BlockSpec((None, *grad_shape), lambda bb, i, j, *_: (bb, 0, 0, 0))],
           scratch_shapes=[pltpu.VMEM((h, d, block_q), jnp.float32),
-                          pltpu.VMEM((rows, block_k), jnp.float32)]),
+                          pltpu.VMEM(grad_shape, jnp.float32), *scratch]),
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((b, rows, block_k), jnp.float32)],
+                 jax.ShapeDtypeStruct((b, *grad_shape), jnp.float32)],
       compiler_params=pltpu.CompilerParams(
-          dimension_semantics=('parallel', 'arbitrary', 'arbitrary')),
+          dimension_semantics=('parallel', 'arbitrary', 'arbitrary'),
+          vmem_limit_bytes=vmem_limit_bytes),
       cost_estimate=dq_cost,
       interpret=interpret,
   )(k_lo, k_hi, *args)
@@ -163,12 +158,13 @@ def backward(q, k, v, out, lse, d_out, flat_params, q_info, k_info, k_lo, k_hi, 
           num_scalar_prefetch=2, grid=(b, n_k, n_q), in_specs=[s[n] for n in names],
           out_specs=[kv_out, kv_out],
           scratch_shapes=[pltpu.VMEM((g, d, block_k), jnp.float32),
-                          pltpu.VMEM((g, d, block_k), jnp.float32)]),
+                          pltpu.VMEM((g, d, block_k), jnp.float32), *scratch]),
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
       compiler_params=pltpu.CompilerParams(
-          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
+          dimension_semantics=('parallel', 'parallel', 'arbitrary'),
+          vmem_limit_bytes=vmem_limit_bytes),
       cost_estimate=dkv_cost,
       interpret=interpret,
   )(q_lo, q_hi, *args)
-  d_flat = jnp.sum(dw, axis=(0, 2))[:flat.size]
+  d_flat = flat.grad_rows_to_flat(jnp.sum(dw, axis=(0, 3)))
   return dq, dk, dv, d_flat

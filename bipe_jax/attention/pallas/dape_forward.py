@@ -42,26 +42,38 @@ def runs(lo_ref, hi_ref, b, i, step, n: int):
   return tile_ranges.runs(step, lo_ref[r], hi_ref[r])
 
 
-def tile_logits(q_ref, k_ref, qi_ref, ki_ref, w_ref, *, tile_bias, flat, scale, causal):
-  """(masked logits [H] float32 [q, k] tiles, visible bool [q, k], s [H], b [H], z [N], a [N],
-  (q streams [q, 1], k streams [1, k])) of one (query tile, key tile); q_ref [H, Dh, q],
-  k_ref [G, Dh, k]."""
-  h_count, g_count = q_ref.shape[0], k_ref.shape[0]
-  group = h_count // g_count
+def tile_logits(q_ref, k_ref, qi_ref, ki_ref, w_ref, x_ref, logits_ref, z_ref=None, *,
+                tile_bias, flat, scale, causal):
+  """(visible bool [q, k], (q streams [q, 1], k streams [1, k])) of one (query tile, key tile),
+  its masked logits float32 [H, q, k] written to logits_ref (dape_tile.forward; the features to
+  x_ref [C, q, k], with z_ref the hidden pre-activations [N, q, k]); q_ref [H, Dh, q], k_ref
+  [G, Dh, k], w_ref the packed parameters (SMEM)."""
+  group = q_ref.shape[0] // k_ref.shape[0]
   qi, ki = layout.query_columns(qi_ref[...]), ki_ref[...]
   streams = layout.streams(qi, ki)
   w = lambda idx: w_ref[idx]
-  s = [jax.lax.dot_general(q_ref[h], k_ref[h // group], TRANS_A,
-                           preferred_element_type=jnp.float32) * scale
-       for h in range(h_count)]
-  b = [dape_tile.head_bias(tile_bias, flat, w, h, *streams) for h in range(h_count)]
-  logits, z, a = dape_tile.forward(s, b, flat, w)
+  s_fn = lambda h: jax.lax.dot_general(q_ref[h], k_ref[h // group], TRANS_A,
+                                       preferred_element_type=jnp.float32) * scale
+  b_fn = lambda h: dape_tile.head_bias(tile_bias, flat, w, h, *streams)
+  dape_tile.forward(s_fn, b_fn, flat, w, x_ref, logits_ref, z_ref)
   vis = layout.visible(qi, ki, causal)
-  return [jnp.where(vis, x, NEG_INF) for x in logits], vis, s, b, z, a, streams
+  for h in range(flat.heads):
+    logits_ref[h] = jnp.where(vis, logits_ref[h], NEG_INF)
+  return vis, streams
+
+
+def tile_scratch(flat, block_q: int, block_k: int, hidden: bool) -> list:
+  """VMEM scratch of `tile_logits`: the features [C, q, k], the logits [H, q, k] and (`hidden`)
+  the hidden pre-activations [N, q, k], float32."""
+  shapes = [(flat.features, block_q, block_k), (flat.heads, block_q, block_k)]
+  if hidden:
+    shapes.append((flat.hidden, block_q, block_k))
+  return [pltpu.VMEM(shape, jnp.float32) for shape in shapes]
 
 
 def _kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, w_ref, o_ref, lse_ref, m_scr,
-            l_scr, acc_scr, *, tile_bias, flat, scale, causal, n_q_tiles, n_k_tiles):
+            l_scr, acc_scr, x_scr, logits_scr, *, tile_bias, flat, scale, causal, n_q_tiles,
+            n_k_tiles):
   b, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   h_count, g_count = q_ref.shape[0], k_ref.shape[0]
   group = h_count // g_count
@@ -74,12 +86,13 @@ def _kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, qi_ref, ki_ref, w_ref, o_ref, l
 
   @pl.when(runs(lo_ref, hi_ref, b, i, j, n_q_tiles))
   def _compute():
-    logits, vis = tile_logits(q_ref, k_ref, qi_ref, ki_ref, w_ref, tile_bias=tile_bias,
-                              flat=flat, scale=scale, causal=causal)[:2]
+    vis, _ = tile_logits(q_ref, k_ref, qi_ref, ki_ref, w_ref, x_scr, logits_scr,
+                         tile_bias=tile_bias, flat=flat, scale=scale, causal=causal)
     for h in range(h_count):
+      logits = logits_scr[h]
       m_prev = m_scr[h]
-      m_new = jnp.maximum(m_prev, jnp.max(logits[h], axis=1, keepdims=True))
-      p = jnp.where(vis, jnp.exp(logits[h] - m_new), 0.0)
+      m_new = jnp.maximum(m_prev, jnp.max(logits, axis=1, keepdims=True))
+      p = jnp.where(vis, jnp.exp(logits - m_new), 0.0)
       corr = jnp.exp(m_prev - m_new)
       l_scr[h] = corr * l_scr[h] + jnp.sum(p, axis=1, keepdims=True)
       v = v_ref[h // group]  # [Dh, k]
@@ -118,7 +131,7 @@ def specs(b, h, g, d, n_q, n_k, block_q, block_k, *, key_outer: bool):
 
 
 def forward(q, k, v, flat_params, q_info, k_info, k_lo, k_hi, *, tile_bias, flat, scale: float,
-            causal: bool, block_q: int, block_k: int, interpret: bool):
+            causal: bool, block_q: int, block_k: int, interpret: bool, vmem_limit_bytes=None):
   """(out [B, H, Dh, Tq] in q's dtype, lse float32 [B, H, 1, Tq]) from q [B, H, Dh, Tq], k, v
   [B, G, Dh, Tk] (Tq, Tk multiples of the blocks), the packed parameters float32 [flat.size]
   (dape_tile.FlatParams), the side arrays (layout.query_rows, layout.key_info) and each query
@@ -140,11 +153,13 @@ def forward(q, k, v, flat_params, q_info, k_info, k_lo, k_hi, *, tile_bias, flat
           out_specs=[q_out, lse_out],
           scratch_shapes=[pltpu.VMEM((h, block_q, 1), jnp.float32),
                           pltpu.VMEM((h, block_q, 1), jnp.float32),
-                          pltpu.VMEM((h, block_q, d), jnp.float32)]),
+                          pltpu.VMEM((h, block_q, d), jnp.float32),
+                          *tile_scratch(flat, block_q, block_k, hidden=False)]),
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((b, h, 1, tq), jnp.float32)],
       compiler_params=pltpu.CompilerParams(
-          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
+          dimension_semantics=('parallel', 'parallel', 'arbitrary'),
+          vmem_limit_bytes=vmem_limit_bytes),
       cost_estimate=dape_cost.forward_cost(b, h, g, tq, tk, d, block_q, block_k, causal,
                                            q.dtype.itemsize, flat, k_lo.size, tile_bias.kind),
       interpret=interpret,

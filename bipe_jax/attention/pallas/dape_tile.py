@@ -10,12 +10,18 @@ Backward, given dA_h (the logits' cotangent, zero at masked pairs):
   dx_c = sum_n w_in[c, n] dz_n,   ds_h = dA_h + dx_h,   db_h = dA_h + dx_{H+h} (C = 2H),
   d w_in[c, n] = sum x_c dz_n,  d b_in[n] = sum dz_n,  d w_out[n, h] = sum a_n dA_h,
   d b_out[h] = sum dA_h  (sums over the tile's pairs).
-The MLP runs as scalar x tile products on the vector unit (the weights are SMEM scalars): per
-pair 2 (C N + N H) FLOPs forward, about three times that in the backward.
+The MLP runs as scalar x tile products on the vector unit (the weights are SMEM scalars; no
+matmul: the features of a pair lie in different tiles): per pair 2 (C N + N H) FLOPs forward,
+about three times that in the dQ kernel (with the parameters' gradients), twice in dK / dV.
+The tiles live in VMEM scratch ([C, q, k] features, [H, q, k] logits, [N, q, k] hidden
+pre-activations, [C, q, k] feature cotangents) and the hidden units run in a `fori_loop`, so
+that only a few [q, k] values are live at a time (unrolled, Mosaic's stack outgrew the 16 MiB
+of scoped VMEM at H = 12, N = 32).
 
 `FlatParams` packs w_in [C, N], b_in [N], w_out [N, H], b_out [H] and the bias parameters [H, P]
-(tile_bias.py) into one float32 vector, in that order; the parameter gradients come back as rows
-in the same order (`unpack`).
+(tile_bias.py) into one float32 vector, in that order (the kernels' SMEM input); the dQ kernel
+accumulates the gradients as rows per hidden unit (`grad_rows_to_flat` packs them the same
+way).
 """
 
 import dataclasses
@@ -84,76 +90,103 @@ class FlatParams:
       start += size
     return dict(w_in=parts[0], b_in=parts[1], w_out=parts[2], b_out=parts[3]), parts[4]
 
+  @property
+  def grad_rows(self) -> int:
+    """Rows per block of the gradient scratch `grad_rows_to_flat` reads (8-aligned)."""
+    c, h = self.features, self.heads
+    return -(-max(c + 1 + h, h + h * self.bias_params) // 8) * 8
+
+  def grad_rows_to_flat(self, g_Mx_R) -> jax.Array:
+    """The packed gradient [size] from the kernels' gradient rows [N + 1, grad_rows] (block n < N:
+    rows c < C d w_in[c, n], row C d b_in[n], rows C + 1 + h d w_out[n, h]; block N: rows
+    h < H d b_out[h], rows H + h P + p the bias parameters')."""
+    c, n, h, p = self.features, self.hidden, self.heads, self.bias_params
+    return jnp.concatenate([g_Mx_R[:n, :c].T.reshape(-1), g_Mx_R[:n, c],
+                            g_Mx_R[:n, c + 1:c + 1 + h].reshape(-1), g_Mx_R[n, :h],
+                            g_Mx_R[n, h:h + h * p]])
+
 
 def head_bias(tile_bias, flat: FlatParams, w, h: int, qs_Qx1, ks_1xK):
   """float32 [q, k] static bias of head h (None for kind 'none'); w(i): the i-th packed scalar."""
   return tile_bias.bias_from(lambda p: w(flat.bias(h, p)), qs_Qx1, ks_1xK)
 
 
-def features(s_list, b_list, flat: FlatParams) -> list:
-  """The MLP's C input tiles: [s; b] or s."""
-  return list(s_list) + (list(b_list) if flat.uses_bias_features else [])
+def leaky(z):
+  return jnp.where(z >= 0, z, LEAKY * z)
 
 
-def forward(s_list, b_list, flat: FlatParams, w):
-  """(A [H] tiles, z [N] tiles, a [N] tiles): the adapted logits of a tile (no mask) and the
-  MLP's pre- and post-activation hidden tiles; s_list / b_list: H float32 [q, k] tiles (b_list
-  entries None for kind 'none')."""
-  x = features(s_list, b_list, flat)
-  z, a = [], []
-  for n in range(flat.hidden):
-    acc = w(flat.w_in(0, n)) * x[0]
-    for c in range(1, flat.features):
-      acc = acc + w(flat.w_in(c, n)) * x[c]
-    acc = acc + w(flat.b_in(n))
-    z.append(acc)
-    a.append(jnp.where(acc >= 0, acc, LEAKY * acc))
-  logits = []
-  for h in range(flat.heads):
-    out = s_list[h] + w(flat.b_out(h))
-    if b_list[h] is not None:
-      out = out + b_list[h]
-    for n in range(flat.hidden):
-      out = out + w(flat.w_out(n, h)) * a[n]
-    logits.append(out)
-  return logits, z, a
+def _row_sum(x_QxK):
+  return jnp.sum(x_QxK, axis=0, keepdims=True)
 
 
-def backward(da_list, z, flat: FlatParams, w):
-  """(dz [N] tiles, ds [H] tiles, db [H] tiles) from the logits' cotangents dA [H]."""
-  dz = []
-  for n in range(flat.hidden):
-    acc = w(flat.w_out(n, 0)) * da_list[0]
-    for h in range(1, flat.heads):
-      acc = acc + w(flat.w_out(n, h)) * da_list[h]
-    dz.append(jnp.where(z[n] >= 0, acc, LEAKY * acc))
-  dx = []
-  for c in range(flat.features):
-    acc = w(flat.w_in(c, 0)) * dz[0]
-    for n in range(1, flat.hidden):
-      acc = acc + w(flat.w_in(c, n)) * dz[n]
-    dx.append(acc)
-  h = flat.heads
-  ds = [da_list[i] + dx[i] for i in range(h)]
-  db = [da_list[i] + dx[h + i] for i in range(h)] if flat.uses_bias_features else list(da_list)
-  return dz, ds, db
+def forward(s_fn, b_fn, flat: FlatParams, w, x_ref, logits_ref, z_ref=None) -> None:
+  """The adapted logits of a tile (no mask) into logits_ref [H, q, k]; s_fn(h) / b_fn(h): head
+  h's float32 [q, k] scores / static bias (None for kind 'none'). The features go to x_ref
+  [C, q, k], and with z_ref [N, q, k] the hidden pre-activations (for the backward). The hidden
+  units run in a loop (one live at a time; weights read from w(index), SMEM scalars)."""
+  h_count, c_count = flat.heads, flat.features
+  for h in range(h_count):
+    s, b = s_fn(h), b_fn(h)
+    x_ref[h] = s
+    if flat.uses_bias_features:
+      x_ref[h_count + h] = b
+    out = s + w(flat.b_out(h))
+    logits_ref[h] = out if b is None else out + b
+
+  def unit(n, carry):
+    z = w(flat.b_in(n)) + w(flat.w_in(0, n)) * x_ref[0]
+    for c in range(1, c_count):
+      z = z + w(flat.w_in(c, n)) * x_ref[c]
+    if z_ref is not None:
+      z_ref[n] = z
+    a = leaky(z)
+    for h in range(h_count):
+      logits_ref[h] += w(flat.w_out(n, h)) * a
+    return carry
+
+  jax.lax.fori_loop(0, flat.hidden, unit, 0)
 
 
-def param_grad_tiles(x, a, dz, da_list, db_list, tile_bias, flat: FlatParams, w, qs_Qx1,
-                     ks_1xK) -> list:
-  """[size] (index, float32 [q, k] tile) pairs whose sums over the tile are the packed
-  parameters' gradients (parameters without a gradient: no entry)."""
-  out = []
-  for c in range(flat.features):
-    for n in range(flat.hidden):
-      out.append((flat.w_in(c, n), x[c] * dz[n]))
-  out += [(flat.b_in(n), dz[n]) for n in range(flat.hidden)]
-  for n in range(flat.hidden):
-    for h in range(flat.heads):
-      out.append((flat.w_out(n, h), a[n] * da_list[h]))
-  out += [(flat.b_out(h), da_list[h]) for h in range(flat.heads)]
-  for h in range(flat.heads):
-    terms = tile_bias.param_grad_tiles(lambda p, h=h: w(flat.bias(h, p)), qs_Qx1, ks_1xK,
-                                       db_list[h])
-    out += [(flat.bias(h, p), term) for p, term in enumerate(terms)]
-  return out
+def backward(da_ref, z_ref, x_ref, dx_ref, flat: FlatParams, w, grad_ref=None, tile_bias=None,
+             streams=None) -> None:
+  """From the logits' cotangents dA in da_ref [H, q, k]: ds_h = dA_h + dx_h into da_ref[h] and
+  db_h into dx_ref[h] (dx_ref [C, q, k] scratch; db_h = dA_h + dx_{H+h}, or dA_h when the bias
+  is no feature). z_ref [N, q, k] and x_ref [C, q, k]: the forward's hidden pre-activations
+  and features. With grad_ref [N + 1, grad_rows, k], adds the tile's parameter gradients
+  summed over its queries (FlatParams.grad_rows_to_flat's rows; the bias parameters' through
+  tile_bias.param_grad_tiles of db at the position streams (q [q, 1], k [1, k]))."""
+  h_count, c_count = flat.heads, flat.features
+  dx_ref[...] = jnp.zeros(dx_ref.shape, jnp.float32)
+
+  def unit(n, carry):
+    da = w(flat.w_out(n, 0)) * da_ref[0]
+    for h in range(1, h_count):
+      da = da + w(flat.w_out(n, h)) * da_ref[h]
+    z = z_ref[n]
+    dz = jnp.where(z >= 0, da, LEAKY * da)
+    for c in range(c_count):
+      dx_ref[c] += w(flat.w_in(c, n)) * dz
+    if grad_ref is not None:
+      rows = grad_ref.at[n]
+      for c in range(c_count):
+        rows[c:c + 1, :] += _row_sum(x_ref[c] * dz)
+      rows[c_count:c_count + 1, :] += _row_sum(dz)
+      a = leaky(z)
+      for h in range(h_count):
+        rows[c_count + 1 + h:c_count + 2 + h, :] += _row_sum(a * da_ref[h])
+    return carry
+
+  jax.lax.fori_loop(0, flat.hidden, unit, 0)
+  for h in range(h_count):
+    da = da_ref[h]
+    if grad_ref is not None:
+      rows = grad_ref.at[flat.hidden]
+      rows[h:h + 1, :] += _row_sum(da)
+    db = da + dx_ref[h_count + h] if flat.uses_bias_features else da
+    da_ref[h] = da + dx_ref[h]  # ds
+    dx_ref[h] = db
+    if grad_ref is not None:
+      terms = tile_bias.param_grad_tiles(lambda p, h=h: w(flat.bias(h, p)), *streams, db)
+      for p, term in enumerate(terms):
+        row = h_count + h * flat.bias_params + p
+        rows[row:row + 1, :] += _row_sum(term)
