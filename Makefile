@@ -71,7 +71,7 @@ setup: $(TEST_STAMP)
 # first (half a second; stale files only), as the virtualenv is at set-up.
 # Three workers on two cores: the storage, multi-process and CLI tests spend much of their time
 # waiting (servers, retries, signals, subprocesses), which a third worker fills (a fresh clone on
-# the 2-core Intel Xeon host: 684 s of pytest with three, 825-853 s with two).
+# the 2-core Intel Xeon host: 647-684 s of pytest with three, 825-853 s with two).
 PYTEST := $(PY) -m compileall -q -j 0 bipe_jax benchmarks configs eval tests tools train >/dev/null; \
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 test: $(TEST_STAMP)

@@ -83,7 +83,7 @@ def main(argv):
   try:
     prepared = data_lib.prepare(config, force=FORCE.value)
   except ValueError as e:
-    sys.exit(f'error: {e}')
+    cli.fail(str(e))
   summary = {'dataset': config.dataset, 'version_dir': prepared.version_dir,
              'tokenizer': prepared.tokenizer_path, 'built': prepared.built,
              'trained_tokenizer': prepared.trained_tokenizer,

@@ -48,7 +48,8 @@ from bipe_jax.encodings import t5
 from bipe_jax.encodings import two_sided
 
 FOX_KINDS = schemes.FOX_KINDS  # c_q - c_k from forget gates
-DAPE_TILE = 128  # the largest tile of the fused DAPE kernel (pallas/dape_attention.py)
+DAPE_TILE = 128  # the largest tile of the fused DAPE kernels (pallas/dape_attention.py, TPU;
+# pallas/gpu_dape_attention.py, GPU, which rounds it down to its own power of two)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +142,7 @@ class AttentionOp:
                     block_k=self.block_size, batch_axes=batch_axes, head_axes=head_axes)
       if _fused_dape(impl, transform):  # the MLP mixes every head: one tile holds them all
         if not mask.causal:
-          raise ValueError("attention_impl='pallas' fuses DAPE for causal attention only (its "
+          raise ValueError(f"attention_impl={impl!r} fuses DAPE for causal attention only (its "
                            "tile bias is one-sided); use 'blockwise' in encoder mode.")
         del kwargs['head_axes'], kwargs['transform_fn']
         # its tiles hold [2C + H + N, q, k] float32 arrays: 128 x 128 fits Mosaic's default
@@ -179,10 +180,11 @@ class AttentionOp:
     impl = self.implementation(mask.causal, transform)
     kwargs = self.arguments(impl, mask, q_BxHxQxDh.shape[1], q_BxHxQxDh.shape[3], bias,
                             transform)
-    attend = _dape_kernel if _fused_dape(impl, transform) else core.attention_fn(impl)
+    fused_dape = _fused_dape(impl, transform)
+    attend = _dape_kernel(impl) if fused_dape else core.attention_fn(impl)
     if not self.decode and context_parallel.active(q_BxHxQxDh.shape[2]):
-      if attend is _dape_kernel:
-        raise ValueError("attention_impl='pallas' with DAPE: context parallelism is not "
+      if fused_dape:
+        raise ValueError(f"attention_impl={impl!r} with DAPE: context parallelism is not "
                          "supported (its kernel needs every head of a row); use 'blockwise'.")
       # T sharded over the context mesh axis: local queries, all-gathered keys / values.
       return context_parallel.gathered_kv_attention(attend, q_BxHxQxDh, k_BxGxKxDh,
@@ -192,13 +194,19 @@ class AttentionOp:
 
 def _fused_dape(impl: str, transform: Optional[TransformTerm]) -> bool:
   """Whether `impl` runs the transform inside its kernel (DAPE V1 on the TPU kernel)."""
-  return impl == 'pallas' and transform is not None and transform.kind == 'dape_v1'
+  return (impl in support.TILE_BIAS_IMPLS and transform is not None
+          and transform.kind == 'dape_v1')
 
 
-def _dape_kernel(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs) -> jax.Array:
-  """attention/pallas/dape_attention.py's kernel (imported when it runs: Pallas loads slowly)."""
-  from bipe_jax.attention.pallas import dape_attention  # pylint: disable=import-outside-toplevel
-  return dape_attention.pallas_dape_attention(q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, **kwargs)
+def _dape_kernel(impl: str):
+  """The fused DAPE kernel of `impl` ('pallas': attention/pallas/dape_attention.py, TPU;
+  'pallas_gpu': gpu_dape_attention.py, Triton), imported when it runs (Pallas loads slowly)."""
+  # pylint: disable=import-outside-toplevel
+  if impl == 'pallas':
+    from bipe_jax.attention.pallas import dape_attention
+    return dape_attention.pallas_dape_attention
+  from bipe_jax.attention.pallas import gpu_dape_attention
+  return gpu_dape_attention.pallas_gpu_dape_attention
 
 
 def _tile_form(bias: Optional[BiasTerm], num_heads: int, head_dim: int, impl: str) -> tuple:

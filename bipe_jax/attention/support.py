@@ -12,13 +12,16 @@ picks: one table. Imports nothing, so the config, the model and the per-run plat
   pallas      tile biases: none, ALiBi, Kerple, T5, FoX (no         TPU (Mosaic); CPU interpret
               transform); DAPE V1 on ALiBi or Kerple, fused
               (attention/pallas/dape_attention.py)
-  pallas_gpu  tile biases: none, ALiBi, Kerple, T5 (no transform) CUDA GPUs (Triton); CPU interpret
+  pallas_gpu  tile biases: none, ALiBi, Kerple, T5 (no transform); CUDA GPUs (Triton); CPU interpret
+              DAPE V1 on ALiBi or Kerple, fused
+              (attention/pallas/gpu_dape_attention.py)
 
 'auto' chooses by the platform of the devices the step runs on:
   TPU  'pallas' for the tile biases and DAPE V1 on ALiBi or Kerple, else 'blockwise';
   GPU  'cudnn' for schemes without bias or transform (the RoPE family, NoPE) in bf16 / fp16,
        'pallas_gpu' for the GPU kernel's tile biases (and the RoPE family in float32, which
-       cuDNN's fused attention does not take), else 'blockwise';
+       cuDNN's fused attention does not take), else 'blockwise' (DAPE too: its Triton kernel
+       is chosen only explicitly until it is measured on a GPU);
   CPU  'blockwise'.
 """
 
@@ -28,7 +31,7 @@ ATTENTION_IMPLS = ('auto', 'dense', 'blockwise', 'cudnn', 'fused', 'pallas', 'pa
 FUSED_IMPLS = ('cudnn', 'fused')  # jax.nn.dot_product_attention: no bias_fn / transform
 TILE_BIAS_IMPLS = ('pallas', 'pallas_gpu')  # the bias computed per tile from a TileBias kind
 TPU_TILE_BIASES = ('none', 'alibi', 'kerple', 't5', 'fox', 'fox_bias_only')
-TPU_DAPE_BIASES = ('alibi', 'kerple')  # the static biases the TPU kernel's fused DAPE V1 adapts
+DAPE_BIASES = ('alibi', 'kerple')  # the static biases the kernels' fused DAPE V1 adapts
 GPU_TILE_BIASES = ('none', 'alibi', 'kerple', 't5')
 HALF_DTYPES = ('bfloat16', 'float16')
 
@@ -40,8 +43,8 @@ def fusable(scheme) -> bool:
 
 def runs_on_tiles(scheme, impl: str = 'pallas') -> bool:
   """Whether the Pallas tile-bias kernel `impl` ('pallas' | 'pallas_gpu') computes `scheme`."""
-  if impl == 'pallas' and scheme.transform == 'dape_v1':
-    return scheme.bias in TPU_DAPE_BIASES
+  if scheme.transform == 'dape_v1':  # the fused DAPE kernels (TPU and GPU)
+    return scheme.bias in DAPE_BIASES
   biases = TPU_TILE_BIASES if impl == 'pallas' else GPU_TILE_BIASES
   return scheme.transform == 'none' and scheme.bias in biases
 
@@ -59,7 +62,8 @@ SUPPORT: dict[str, tuple[str, Callable]] = {
     'pallas': (_TILES_WORDS.format('ALiBi, Kerple, T5 and FoX') + ', and DAPE V1 on ALiBi '
                'or Kerple',
                lambda s: runs_on_tiles(s, 'pallas')),
-    'pallas_gpu': (_TILES_WORDS.format('ALiBi, Kerple and T5'),
+    'pallas_gpu': (_TILES_WORDS.format('ALiBi, Kerple and T5') + ', and DAPE V1 on ALiBi or '
+                   'Kerple',
                    lambda s: runs_on_tiles(s, 'pallas_gpu')),
 }
 
@@ -94,5 +98,8 @@ def resolve_attention_impl(impl: str, scheme, platform: str, dtype: str = 'float
   if platform in ('gpu', 'cuda'):
     if scheme.transform == 'none' and scheme.bias == 'none' and dtype in HALF_DTYPES:
       return 'cudnn'
-    return 'pallas_gpu' if runs_on_tiles(scheme, 'pallas_gpu') else 'blockwise'
+    # the Triton DAPE kernel is explicit only (attention_impl='pallas_gpu'): not yet compiled
+    # on a GPU, and Triton was still compiling it at the 151M shape after 7 minutes here
+    fused = runs_on_tiles(scheme, 'pallas_gpu') and scheme.transform == 'none'
+    return 'pallas_gpu' if fused else 'blockwise'
   return 'blockwise'

@@ -13,11 +13,11 @@ FUSED = NO_BIAS | {'alibi', 'bipe_alibi'}
 PALLAS = FUSED | {'kerple', 't5', 'bipe_kerple'}
 FOX = {'fox', 'fox_bias_only', 'bipe_fox', 'bipe_fox_bias_only', 'fox_pro',
        'bipe_fox_pro'}  # a TPU-kernel bias kind
-DAPE_FUSED = {'dape_alibi', 'dape_kerple', 'bipe_dape_kerple'}  # DAPE V1 in the TPU kernel
+DAPE_FUSED = {'dape_alibi', 'dape_kerple', 'bipe_dape_kerple'}  # DAPE V1 in the kernels
 EXPECTED = {'auto': set(SCHEME_NAMES), 'dense': set(SCHEME_NAMES),
             'blockwise': set(SCHEME_NAMES), 'fused': FUSED,
             'cudnn': NO_BIAS,  # cuDNN refused ALiBi's per-key bias on an H200
-            'pallas': PALLAS | FOX | DAPE_FUSED, 'pallas_gpu': PALLAS}
+            'pallas': PALLAS | FOX | DAPE_FUSED, 'pallas_gpu': PALLAS | DAPE_FUSED}
 
 
 def test_the_table_names_every_implementation():
@@ -52,7 +52,7 @@ def test_model_config_refuses_exactly_what_the_table_refuses(impl):
 
 # 'auto' (the library default): the fastest path per (platform, scheme), written out by hand
 TRANSFORMED = {'cope', 'dape_alibi', 'dape_kerple', 'dape_fire', 'dapev2_kerple',
-               'bipe_dape_kerple'}  # a score transform: only DAPE_FUSED has a kernel (TPU)
+               'bipe_dape_kerple'}  # a score transform: only DAPE_FUSED has kernels
 FIRE = {'fire', 'bipe_fire'}  # an MLP bias: no tile-bias kind
 FORGET = FOX | {n for n in SCHEME_NAMES if get_scheme(n).bias in ('fox', 'fox_bias_only')}
 assert NO_BIAS | (PALLAS - NO_BIAS) | FORGET | TRANSFORMED | FIRE == set(SCHEME_NAMES)
@@ -61,7 +61,7 @@ AUTO = {  # (platform, dtype) -> {scheme: choice}
                           **dict.fromkeys(DAPE_FUSED, 'pallas'),
                           **dict.fromkeys(TRANSFORMED - DAPE_FUSED | FIRE, 'blockwise')},
     ('gpu', 'bfloat16'): {**dict.fromkeys(NO_BIAS, 'cudnn'),
-                          **dict.fromkeys(PALLAS - NO_BIAS, 'pallas_gpu'),
+                          **dict.fromkeys(PALLAS - NO_BIAS, 'pallas_gpu'),  # DAPE: explicit
                           **dict.fromkeys(FORGET | TRANSFORMED | FIRE, 'blockwise')},
     # cuDNN's fused attention takes half precision only: the Triton kernel runs float32
     ('cuda', 'float32'): {**dict.fromkeys(PALLAS, 'pallas_gpu'),

@@ -403,3 +403,19 @@ def test_fox_pruning_with_documents_and_padding_equals_dense_without_the_pruned_
   assert np.isnan(np.asarray(out[b, h, 8 * j:8 * j + 8])).all()
   dq = vjp(jnp.zeros_like(out).at[b, h, rows].set(1.0))[0]
   assert np.isfinite(np.asarray(dq[b, h, rows])).all()
+
+
+def test_model_with_the_gpu_dape_kernel_equals_dense():
+  """DAPE V1 fused into the Triton kernels (pallas/gpu_dape_attention.py, interpret mode here)
+  through the whole model: Kerple on the segment index, documents, padding."""
+  extra = {'pad_id': 0, 'mask_across_documents': True}
+  dense = _model('bipe_dape_kerple', 'dense', **extra)
+  kernel = _model('bipe_dape_kerple', 'pallas_gpu', **extra)
+  params = dense.init(jax.random.PRNGKey(0), TOKENS)['params']
+  real = TOKENS != 0
+
+  def loss(model, p):
+    logits = model.apply({'params': p}, TOKENS)
+    return jnp.mean(jax.nn.log_softmax(logits).max(-1) * real * jnp.arange(20.0))
+
+  assert_kernel_model_equals_dense(dense, kernel, loss, params)

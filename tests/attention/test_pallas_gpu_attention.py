@@ -142,7 +142,9 @@ def test_model_with_pallas_gpu_equals_dense():
 @pytest.mark.parametrize('encoding, platform, dtype, want', [
     ('rope', 'gpu', 'bfloat16', 'cudnn'), ('rope', 'gpu', 'float32', 'pallas_gpu'),
     ('bipe_alibi', 'cuda', 'bfloat16', 'pallas_gpu'), ('kerple', 'tpu', 'bfloat16', 'pallas'),
-    ('dape_kerple', 'gpu', 'bfloat16', 'blockwise'), ('fire', 'tpu', 'float32', 'blockwise'),
+    ('dape_kerple', 'gpu', 'bfloat16', 'blockwise'),  # its Triton kernel: explicit only
+    ('dape_fire', 'gpu', 'bfloat16', 'blockwise'),
+    ('fire', 'tpu', 'float32', 'blockwise'),
     ('bipe_rope', 'cpu', 'float32', 'blockwise')])
 def test_auto_picks_by_platform(encoding, platform, dtype, want):
   scheme = schemes.get_scheme(encoding)
@@ -151,8 +153,8 @@ def test_auto_picks_by_platform(encoding, platform, dtype, want):
 
 
 def test_tile_bias_impls_refuse_other_biases_in_one_line():
-  with pytest.raises(ValueError, match="attention_impl='pallas_gpu'.*not 'dape_kerple'"):
-    config_lib.validate_model_config(_model_config('pallas_gpu', encoding='dape_kerple'))
+  with pytest.raises(ValueError, match="attention_impl='pallas_gpu'.*not 'dapev2_kerple'"):
+    config_lib.validate_model_config(_model_config('pallas_gpu', encoding='dapev2_kerple'))
 
 
 @pytest.mark.slow

@@ -333,7 +333,7 @@ def test_build_data_refused_leaves_no_data_dir(tmp_path):
       [sys.executable, 'train/build_data.py', '--dataset=pile', f'--pile_dir={tmp_path / "pile"}',
        f'--data_dir={data_dir}', '--pile_subsets=PG-19', '--pile_splits=validation'],
       cwd=ROOT, env=fixtures.cpu_env(), capture_output=True, text=True, timeout=300)
-  assert proc.returncode != 0
+  assert proc.returncode == 2  # a bad command (bipe_jax.cli.EXIT_USER_ERROR)
   assert proc.stderr.startswith("error: data.pile_subsets='PG-19': 'PG-19' is not a Pile subset")
   assert proc.stderr.count('\n') == 1, proc.stderr
   assert not data_dir.exists()
