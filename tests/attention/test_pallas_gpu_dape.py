@@ -22,6 +22,7 @@ from bipe_jax.attention.pallas.tile_bias import TileBias
 from bipe_jax.encodings import alibi
 from bipe_jax.encodings import dape
 from bipe_jax.encodings import kerple
+from tests.attention import dape_cases
 
 B, H, T, D, N = 2, 2, 45, 16, 4  # T: ragged (3 tiles of 16 inside)
 _RNG = np.random.default_rng(0)
@@ -40,22 +41,12 @@ def _qkv(g):
 
 
 def _dape_params(features):
-  shapes = dict(w_in=(features, N), b_in=(N,), w_out=(N, H), b_out=(H,))
-  return {name: jnp.asarray(_RNG.normal(size=shape) * 0.5, jnp.float32)
-          for name, shape in shapes.items()}
+  return dape_cases.dape_params(_RNG, features, N, H)
 
 
 def _case(kind):
   """(TileBias, raw bias parameters, raw -> kernel params [H, P], raw -> bias_fn)."""
-  if kind == 'kerple':
-    raw = dict(p=jnp.asarray(_RNG.uniform(0.0, 2.0, H), jnp.float32).at[0].set(0.005),
-               a=jnp.asarray(_RNG.uniform(0.0, 1.0, H), jnp.float32))
-    clamped = lambda r: [kerple.clamp_straight_through(r[n], kerple.KERPLE_MIN) for n in 'pa']
-    return (TileBias('kerple'), raw, lambda r: jnp.stack(clamped(r), axis=1),
-            lambda r: lambda qs, ks: kerple.kerple_log_bias(qs, ks, *clamped(r)))
-  slopes = alibi.alibi_slopes(H)
-  return (TileBias('alibi'), {}, lambda r: jnp.asarray(slopes, jnp.float32)[:, None],
-          lambda r: functools.partial(alibi.alibi_bias, slopes_H=slopes, slope_factor=1.0))
+  return dape_cases.bias_case(_RNG, kind, H)
 
 
 def _losses(kind, batch_axes=None, block=16, stream=None):

@@ -82,6 +82,33 @@ def check_dape_params(dape_params: Mapping[str, jax.Array], num_heads: int,
   return dape_tile.FlatParams(c, n, h, tile_bias.num_params)
 
 
+def check_inputs(what: str, q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh, mask: AttentionMask,
+                 dape_params: Mapping[str, jax.Array], q_streams, k_streams,
+                 tile_bias: TileBias, bias_params_HxP) -> tuple:
+  """The checks both fused DAPE kernels (TPU here, GPU gpu_dape_attention.py) make of their
+  inputs, each a one-line ValueError starting with `what`; returns (dape_tile.FlatParams, the
+  bias parameters [H, P] (zeros when None), q_streams, k_streams (the causal indices when
+  None))."""
+  q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
+  if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] \
+      or q.shape[1] % k.shape[1]:
+    raise ValueError(f'{what}: q [B, H, Q, Dh] and k, v [B, G, K, Dh] with G dividing H; got '
+                     f'{q.shape}, {k.shape}, {v.shape}.')
+  b, h, nq, _ = q.shape
+  if (q_streams is None) != (k_streams is None):
+    raise ValueError(f'{what}: q_streams and k_streams must be given together.')
+  mask.check(b, nq, k.shape[2])
+  if mask.mask_fn is not None:
+    raise ValueError(f"{what} takes no mask.mask_fn; use 'blockwise' or 'dense'.")
+  flat = check_dape_params(dape_params, h, tile_bias)
+  if bias_params_HxP is None:
+    bias_params_HxP = jnp.zeros((h, tile_bias.num_params), jnp.float32)
+  tile_bias.check_params(bias_params_HxP, h)
+  if q_streams is None:
+    q_streams, k_streams = mask.q_pos, mask.k_pos
+  return flat, bias_params_HxP, q_streams, k_streams
+
+
 def pallas_dape_attention(q_BxHxQxDh: jax.Array,
                           k_BxGxKxDh: jax.Array,
                           v_BxGxKxDh: jax.Array,
@@ -118,26 +145,13 @@ def pallas_dape_attention(q_BxHxQxDh: jax.Array,
   compile with 48 MiB: the kernels keep [2C + H + N, q, k] float32 tiles in VMEM).
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
-  if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] \
-      or q.shape[1] % k.shape[1]:
-    raise ValueError(f'pallas DAPE attention: q [B, H, Q, Dh] and k, v [B, G, K, Dh] with G '
-                     f'dividing H; got {q.shape}, {k.shape}, {v.shape}.')
-  b, h, nq, _ = q.shape
-  nk = k.shape[2]
-  if (q_streams is None) != (k_streams is None):
-    raise ValueError('pallas DAPE attention: q_streams and k_streams must be given together.')
-  mask.check(b, nq, nk)
-  if mask.mask_fn is not None:
-    raise ValueError("pallas DAPE attention takes no mask.mask_fn; use 'blockwise' or 'dense'.")
+  flat, bias_params_HxP, q_streams, k_streams = check_inputs(
+      'pallas DAPE attention', q, k, v, mask, dape_params, q_streams, k_streams, tile_bias,
+      bias_params_HxP)
+  h = q.shape[1]
   if jax.default_backend() == 'gpu' and interpret is None:
     raise ValueError('pallas DAPE attention is a TPU (Mosaic) kernel; on a GPU use '
-                     "attention_impl='blockwise' or 'dense'.")
-  flat = check_dape_params(dape_params, h, tile_bias)
-  if bias_params_HxP is None:
-    bias_params_HxP = jnp.zeros((h, tile_bias.num_params), jnp.float32)
-  tile_bias.check_params(bias_params_HxP, h)
-  if q_streams is None:
-    q_streams, k_streams = mask.q_pos, mask.k_pos
+                     "attention_impl='pallas_gpu', 'blockwise' or 'dense'.")
   # 'params' [1, size]: replicated over the mesh (per_shard splits it over heads, here none)
   arrays = dict(q=q, k=k, v=v, params=flat.pack(dape_params, bias_params_HxP)[None],
                 mask=mask, q_streams=q_streams, k_streams=k_streams)

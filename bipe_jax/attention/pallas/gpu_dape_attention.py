@@ -16,7 +16,6 @@ import math
 from typing import Mapping, Optional
 
 import jax
-import jax.numpy as jnp
 
 from bipe_jax.attention.mask import AttentionMask
 from bipe_jax.attention.pallas import gpu_dape_backward as bwd
@@ -25,7 +24,7 @@ from bipe_jax.attention.pallas import gpu_dape_tiles
 from bipe_jax.attention.pallas import layout
 from bipe_jax.attention.pallas import sharding
 from bipe_jax.attention.pallas.bias_attention import KernelStatics
-from bipe_jax.attention.pallas.dape_attention import check_dape_params
+from bipe_jax.attention.pallas.dape_attention import check_inputs
 from bipe_jax.attention.pallas.gpu_attention import GPU_BLOCK
 from bipe_jax.attention.pallas.gpu_attention import gpu_block
 from bipe_jax.attention.pallas.tile_bias import TileBias
@@ -82,26 +81,12 @@ def pallas_gpu_dape_attention(q_BxHxQxDh: jax.Array,
   mode on CPU, when the program is lowered.
   """
   q, k, v = q_BxHxQxDh, k_BxGxKxDh, v_BxGxKxDh
-  if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] \
-      or q.shape[1] % k.shape[1]:
-    raise ValueError(f'pallas gpu DAPE attention: q [B, H, Q, Dh] and k, v [B, G, K, Dh] with G '
-                     f'dividing H; got {q.shape}, {k.shape}, {v.shape}.')
-  b, h, nq, _ = q.shape
-  if (q_streams is None) != (k_streams is None):
-    raise ValueError('pallas gpu DAPE attention: q_streams and k_streams must be given '
-                     'together.')
-  mask.check(b, nq, k.shape[2])
-  if mask.mask_fn is not None:
-    raise ValueError("pallas gpu DAPE attention takes no mask.mask_fn; use 'blockwise' or "
-                     "'dense'.")
+  flat, bias_params_HxP, q_streams, k_streams = check_inputs(
+      'pallas gpu DAPE attention', q, k, v, mask, dape_params, q_streams, k_streams, tile_bias,
+      bias_params_HxP)
+  h = q.shape[1]
   if not mask.causal:
     raise ValueError("pallas gpu DAPE attention is causal only; use 'blockwise' or 'dense'.")
-  flat = check_dape_params(dape_params, h, tile_bias)
-  if bias_params_HxP is None:
-    bias_params_HxP = jnp.zeros((h, tile_bias.num_params), jnp.float32)
-  tile_bias.check_params(bias_params_HxP, h)
-  if q_streams is None:
-    q_streams, k_streams = mask.q_pos, mask.k_pos
   packed = layout.pad_to(flat.pack(dape_params, bias_params_HxP), 0,
                          gpu_dape_tiles.padded_size(flat), 0.0)
   # 'params' [1, size]: replicated over the mesh
