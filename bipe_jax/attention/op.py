@@ -193,7 +193,7 @@ class AttentionOp:
 
 
 def _fused_dape(impl: str, transform: Optional[TransformTerm]) -> bool:
-  """Whether `impl` runs the transform inside its kernel (DAPE V1 on the TPU kernel)."""
+  """Whether `impl` runs the transform inside its kernel (DAPE V1: the TPU and GPU kernels)."""
   return (impl in support.TILE_BIAS_IMPLS and transform is not None
           and transform.kind == 'dape_v1')
 

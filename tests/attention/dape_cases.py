@@ -3,7 +3,9 @@ test_pallas_gpu_dape.py, GPU): DAPE V1's parameters and a static bias case."""
 
 import functools
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bipe_jax.attention.pallas.tile_bias import TileBias
 from bipe_jax.encodings import alibi
@@ -29,3 +31,16 @@ def bias_case(rng, kind: str, heads: int) -> tuple:
   slopes = alibi.alibi_slopes(heads)
   return (TileBias('alibi'), {}, lambda r: jnp.asarray(slopes, jnp.float32)[:, None],
           lambda r: functools.partial(alibi.alibi_bias, slopes_H=slopes, slope_factor=1.0))
+
+
+def assert_gradients_equal(label: str, got: tuple, want: tuple) -> None:
+  """The kernel's gradients (of q, k, v, the DAPE parameters and the bias parameters) equal
+  dense DAPE's within 1e-5 relative to the largest gradient of each group: float32 sums over
+  many pairs (d b_out is exactly 0, the softmax being shift-invariant per head, so both sides
+  give rounding noise there)."""
+  for name, a, b in zip(['q', 'k', 'v', 'dape', 'bias'], got, want, strict=True):
+    scale = max([1.0] + [float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b)])
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b),
+                            strict=True):
+      np.testing.assert_allclose(x / scale, y / scale, atol=1e-5, rtol=0,
+                                 err_msg=f'{label}: d {name}{jax.tree_util.keystr(path)}')

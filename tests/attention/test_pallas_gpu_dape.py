@@ -87,14 +87,7 @@ def test_values_and_gradients_equal_dense(kind, features, g):
   chex.assert_trees_all_equal_shapes_and_dtypes(g_got, g_want)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   assert float(jnp.max(jnp.abs(got[1, :, 38:]))) > 0  # padded keys: real queries still attend
-  names = ['q', 'k', 'v', 'dape', 'bias']
-  for name, a, b in zip(names, g_got, g_want):
-    # 1e-5 relative to the largest gradient of the group (d b_out is exactly 0, the softmax
-    # being shift-invariant per head: both sides give rounding noise)
-    scale = max([1.0] + [float(jnp.max(jnp.abs(y))) for y in jax.tree.leaves(b)])
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-      np.testing.assert_allclose(x / scale, y / scale, atol=1e-5, rtol=0,
-                                 err_msg=f'{kind}: d {name}{jax.tree_util.keystr(path)}')
+  dape_cases.assert_gradients_equal(kind, g_got, g_want)
   assert float(jnp.max(jnp.abs(g_got[3]['w_in']))) > 0  # the MLP's gradient is not trivial
   if kind == 'kerple':  # p[0] is below the clamp: the gradient passes straight through
     assert float(jnp.abs(g_got[4]['p'][0])) > 0
