@@ -122,8 +122,8 @@ def serve():
   import importlib  # pylint: disable=g-import-not-at-top
   for name in PRELOAD:
     importlib.import_module(name)
-  from bipe_jax.training import progress  # pylint: disable=g-import-not-at-top
-  progress._summary_writer_class()  # pylint: disable=protected-access  (tensorboardX, no torch)
+  from bipe_jax.training import event_file  # pylint: disable=g-import-not-at-top
+  event_file.import_tensorboardx()  # tensorboardX, without torch
   from tests import gc_settings  # pylint: disable=g-import-not-at-top
   gc_settings.collect_less_often(freeze=True)  # the children inherit both
   # The interpreter's own entries, without this process's first entry and PYTHONPATH.

@@ -99,7 +99,7 @@ def check_paths(config, workdir: str) -> None:
 def quiet_storage_failure_noise() -> None:
   """When a bucket stops answering mid-run, what the libraries' background work prints goes to
   the library log instead of the terminal: the run reports the failure itself, in one line.
-  - a thread that ends on it (TensorBoard's event writer, Orbax's save threads): its traceback;
+  - a thread that ends on it (Orbax's save threads): its traceback;
   - tensorstore's writes still in flight when Orbax has closed its event loop: each reports
     "Event loop is closed" through Python's unraisable-exception hook.
   Any other error is printed as before."""
@@ -132,17 +132,15 @@ def _is_storage_failure(error) -> bool:
     if isinstance(error, (storage_faults.StorageUnreachableError, ConnectionError,
                           checkpointing.CheckpointSaveError)):
       return True
-    if isinstance(error, OSError) and 'handle is closed' in str(error):
-      return True  # TensorBoard's writer thread, after its event file failed
     error = error.__cause__ or error.__context__
   return False
 
 
 def end_process(code: int):
   """Ends train/main.py with `code`. After a storage failure (EXIT_STORAGE) at once
-  (os._exit, the output flushed): the libraries' exit handlers (TensorBoard's writer closing
-  its event file) and their threads still retrying the bucket would otherwise each wait out
-  the retries again, and print their tracebacks."""
+  (os._exit, the output flushed): the libraries' exit handlers and their threads still retrying
+  the bucket (Orbax's) would otherwise each wait out the retries again, and print their
+  tracebacks."""
   if code == EXIT_STORAGE:
     sys.stdout.flush()
     sys.stderr.flush()

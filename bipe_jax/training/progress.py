@@ -5,7 +5,8 @@ Process 0 only writes. Every `log_every` steps:
   where `loss` is the mean training loss over the steps since the previous line (one step's loss
   jumps with its batch; the window mean is what shows whether the run learns). metrics.jsonl
   and TensorBoard hold both: `loss` (the window mean) and `step_loss` (the logged step's own);
-- TensorBoard scalars in `<workdir>/tensorboard` (tensorboardX),
+- TensorBoard scalars in `<workdir>/tensorboard` (event_file.py: written in this thread, so a
+  bucket that stops answering stops the run, not a background writer),
 - one JSON line in `<workdir>/metrics.jsonl` (appended across restarts, less the lines of the
   steps after the checkpoint a run resumes from: `forget_after`; tests read it).
 Every `train.eval_every` steps (`validation`): the validation loss and perplexity on a fixed
@@ -18,11 +19,11 @@ Throughput is measured between metric fetches, so the first step (compilation) i
 import json
 import math
 import os
-import sys
 import time
 
 
 from bipe_jax import storage
+from bipe_jax.training import event_file
 from bipe_jax.training import flops as flops_lib
 
 
@@ -63,10 +64,7 @@ class ProgressLogger:
     self._jsonl = None
     if enabled:
       storage.makedirs(workdir)
-      SummaryWriter = _summary_writer_class()  # pylint: disable=invalid-name
-      if not storage.is_local(workdir):  # events through etils.epath, like every run file
-        _register_epath_event_writer(workdir.split(':')[0])
-      self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._writer = event_file.EventFile(os.path.join(workdir, 'tensorboard'))
       self._jsonl_path = os.path.join(workdir, 'metrics.jsonl')
       self._jsonl = storage.open_append(self._jsonl_path)
 
@@ -101,6 +99,7 @@ class ProgressLogger:
       for name, value in metrics.items():
         if name != 'step':
           self._writer.add_scalar(f'train/{name}', value, step)
+      self._writer.flush()
       self._jsonl.write(json.dumps(metrics) + '\n')
       self._jsonl.flush()
     return metrics
@@ -114,6 +113,7 @@ class ProgressLogger:
             f'{metrics["val_perplexity"]:.2f} ({tokens:,} tokens)', flush=True)
       self._writer.add_scalar('validation/loss', nll, step)
       self._writer.add_scalar('validation/perplexity', metrics['val_perplexity'], step)
+      self._writer.flush(force=True)  # a validation line is rare, and worth seeing at once
       self._jsonl.write(json.dumps(metrics) + '\n')
       self._jsonl.flush()
     return metrics
@@ -136,38 +136,6 @@ class ProgressLogger:
 
   def close(self):
     if self._writer is not None:
-      self._writer.flush()
       self._writer.close()
     if self._jsonl is not None:
       self._jsonl.close()
-
-
-class _EpathEventWriters:
-  """tensorboardX writer factory for a URL scheme (gs://...): event files through etils.epath
-  (tensorboardX's own gs:// writer needs google-cloud-storage)."""
-
-  def open(self, path):
-    return storage.ChunkedAppender(path, binary=True)
-
-  def directory_check(self, path):
-    storage.makedirs(path)
-
-
-def _summary_writer_class():
-  """tensorboardX's SummaryWriter, imported without PyTorch: tensorboardX imports torch at import
-  time when it is installed (3-4 s of a run's start-up) only to accept torch tensors, which this
-  logger never passes. A process that has imported torch already keeps it."""
-  if 'torch' in sys.modules:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    return SummaryWriter
-  sys.modules['torch'] = None  # `import torch` raises ImportError, which tensorboardX expects
-  try:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-  finally:
-    del sys.modules['torch']
-  return SummaryWriter
-
-
-def _register_epath_event_writer(scheme: str):
-  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
-  record_writer.register_writer_factory(scheme, _EpathEventWriters())

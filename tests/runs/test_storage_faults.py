@@ -349,3 +349,27 @@ def test_a_bucket_log_that_stops_answering_costs_one_warning(
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ['warning: the last lines of gs://b/run/library.log were not written: '
                  'storage unreachable: gs://b at http://x'], err
+
+
+def test_a_failed_tensorboard_write_stops_the_loop_not_a_background_thread(
+    bucket, monkeypatch):  # noqa: F811  pylint: disable=redefined-outer-name
+  """The event file is written in the loop's thread: its failed write raises there (the run
+  then stops with exit 74). tensorboardX's background writer ended on it instead, and the loop
+  then waited for ever on its full queue (a run hung, the server killed under load)."""
+  from bipe_jax import storage  # pylint: disable=g-import-not-at-top
+  from bipe_jax.training import progress  # pylint: disable=g-import-not-at-top
+  del bucket  # gs:// is an in-memory store for this test
+  flush = storage.ChunkedAppender.flush
+
+  def events_fail(self, *, force=False):
+    if '/tensorboard/' in self.path:
+      raise storage_faults.StorageUnreachableError('storage unreachable: gs://b at http://x')
+    flush(self, force=force)
+
+  logger = progress.ProgressLogger('gs://b/run', total_steps=9, tokens_per_step=8,
+                                   flops_per_token=1.0, peak_flops=0.0, log_every=1,
+                                   enabled=True)
+  logger.record(1, {'loss': 1.0, 'learning_rate': 1e-3})
+  monkeypatch.setattr(storage.ChunkedAppender, 'flush', events_fail)
+  with pytest.raises(storage_faults.StorageUnreachableError, match='gs://b'):
+    logger.validation(1, 0.5, 10)  # a validation line flushes the events at once

@@ -3,6 +3,8 @@
 import contextlib
 import io
 import json
+import struct
+import threading
 
 import numpy as np
 import pytest
@@ -131,8 +133,8 @@ def test_the_tensorboard_writer_is_imported_without_pytorch():
   import sys  # pylint: disable=g-import-not-at-top
   from tests import fixtures  # pylint: disable=g-import-not-at-top
   code = ('import sys\n'
-          'from bipe_jax.training import progress\n'
-          'assert progress._summary_writer_class().__name__ == "SummaryWriter"\n'
+          'from bipe_jax.training import event_file\n'
+          'assert event_file.import_tensorboardx()[0].__name__ == "EventsWriter"\n'
           'print("torch" in sys.modules)\n'
           'import torch\n'
           'print(torch.__name__)\n')
@@ -140,3 +142,38 @@ def test_the_tensorboard_writer_is_imported_without_pytorch():
                         capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.split() == ['False', 'torch'], proc.stdout
+
+
+def _read_events(path) -> list:
+  """The Event protos of a TFRecord event file, read by hand: each record is its length (8
+  bytes), a CRC (4), the data and a CRC (4)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  data, events, at = path.read_bytes(), [], 0
+  while at < len(data):
+    (length,) = struct.unpack('Q', data[at:at + 8])
+    events.append(event_pb2.Event.FromString(data[at + 12:at + 12 + length]))
+    at += 12 + length + 4
+  return events
+
+
+def test_tensorboard_scalars_are_written_in_the_loop_thread_and_read_back(tmp_path):
+  """No background writer (its thread ended on a failed bucket write, then the loop waited on
+  its full queue for ever): the logger starts no thread, and the file holds every scalar with
+  its step."""
+  before = threading.active_count()
+  logger = progress.ProgressLogger(str(tmp_path), total_steps=4, tokens_per_step=10,
+                                   flops_per_token=1.0, peak_flops=1e9, log_every=2,
+                                   enabled=True)
+  for step in range(1, 5):
+    logger.record(step, {'loss': float(step), 'learning_rate': 1e-3})
+  logger.validation(4, 0.5, 100)
+  assert threading.active_count() == before
+  logger.close()
+  (path,) = (tmp_path / 'tensorboard').glob('events.out.tfevents*')
+  events = _read_events(path)
+  assert events[0].file_version == 'brain.Event:2'
+  scalars = {(e.step, v.tag): v.simple_value for e in events[1:] for v in e.summary.value}
+  assert scalars[2, 'train/loss'] == pytest.approx(1.5)  # the window mean of steps 1, 2
+  assert scalars[4, 'train/step_loss'] == 4.0
+  assert scalars[4, 'validation/loss'] == 0.5
+  assert {s for s, _ in scalars} == {2, 4}
