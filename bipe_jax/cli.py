@@ -196,8 +196,18 @@ def quiet_library_logs() -> None:
     run_logging.filter_known_noise()
 
 
+def dump_stacks_on_sigusr1() -> None:
+  """`kill -USR1 PID` prints every thread's Python stack to stderr and the run goes on: what a
+  run that seems stuck is waiting on (docs/training.md, "A run that seems stuck")."""
+  import faulthandler  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  if hasattr(signal, 'SIGUSR1'):
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def run(main: Callable[[list], int | None]) -> None:
-  """absl.app.run(main) with one-line user errors, quiet library logs and a one-line Ctrl-C.
+  """absl.app.run(main) with one-line user errors, quiet library logs and a one-line Ctrl-C;
+  SIGUSR1 prints every thread's stack (`dump_stacks_on_sigusr1`).
 
   On a host without a TPU or GPU it first makes JAX use its CPU platform (unless JAX_PLATFORMS
   is set): with libtpu installed JAX would otherwise probe for a TPU and print its errors.
@@ -205,6 +215,7 @@ def run(main: Callable[[list], int | None]) -> None:
   from absl import app  # pylint: disable=g-import-not-at-top
   from bipe_jax import platforms  # pylint: disable=g-import-not-at-top
   platforms.use_cpu_without_accelerator()
+  dump_stacks_on_sigusr1()
 
   def guarded(argv):
     from bipe_jax import storage_faults  # pylint: disable=g-import-not-at-top

@@ -277,7 +277,7 @@ class Checkpointer:
 
   def last_saved_step(self) -> Optional[int]:
     """The newest step whose save completed (None when none did)."""
-    done = [s for s in self._manager.all_steps() if s != self._pending]
+    done = [s for s in self._manager.all_steps() if s not in (self._pending, self._unsure)]
     return max(done) if done else None
 
   def last_saved_text(self, where: str = '') -> str:
@@ -492,6 +492,13 @@ class Checkpointer:
           self._manager.close()
       return
     self._abandon()
+
+  def abandon(self) -> None:
+    """Lets go after the storage stopped answering, without waiting for a save in flight (it
+    would wait out its retries, or the save timeout, against that storage; the run ends next).
+    That save's step stays named by `last_saved_text` as one that may have completed."""
+    if self._pending is not None:
+      self._unsure, self._pending = self._pending, None
 
   def _abandon(self) -> None:
     """Closes after a failed save: Orbax's close raises the failed save again, which was

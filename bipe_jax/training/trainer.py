@@ -372,7 +372,11 @@ def _close_after_run(preemption, checkpointer, logger, ckpt_dir: str, *,
   each is closed as far as it goes and its own error goes to the library log: the run reports
   the first failure, in one line; a bucket that stopped answering gets the checkpoint the run
   can resume from added to its line."""
-  closers = [checkpointer.close] + ([logger.close] if logger else []) + [preemption.close]
+  storage_down = isinstance(failure, storage_faults.StorageUnreachableError)
+  # a save in flight writes to the storage that stopped answering: not waited for (up to the
+  # save timeout), the step it saves is named in the line as one that may have completed
+  closers = ([checkpointer.abandon if storage_down else checkpointer.close]
+             + ([logger.close] if logger else []) + [preemption.close])
   error = None
   for close in closers:
     try:
@@ -382,7 +386,7 @@ def _close_after_run(preemption, checkpointer, logger, ckpt_dir: str, *,
         logging.info('closing %s after a failure', close, exc_info=True)
       else:
         error = e
-  if isinstance(failure, storage_faults.StorageUnreachableError):
+  if storage_down:
     kept = checkpointer.last_saved_text(ckpt_dir)
     raise storage_faults.StorageUnreachableError(
         f'{failure}; stopping: {kept}, and running the same command resumes from it once the '

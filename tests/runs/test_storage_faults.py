@@ -78,9 +78,12 @@ class _Run:
     try:
       self.proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+      self.proc.send_signal(signal.SIGUSR1)  # every thread's stack (bipe_jax.cli), then kill
+      time.sleep(3)
       self.proc.kill()
       self.proc.wait()
-      pytest.fail(f'still running {timeout} s later:\n' + '\n'.join(self.lines[-30:]))
+      self._reader.join(10)
+      pytest.fail(f'still running {timeout} s later:\n' + '\n'.join(self.lines[-400:]))
     self._reader.join(10)
     return self.proc.returncode
 

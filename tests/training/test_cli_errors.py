@@ -4,6 +4,7 @@ Each case runs the real script in a subprocess; all of them fail before anything
 """
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -185,3 +186,19 @@ def test_a_truncated_config_json_is_one_line_naming_the_file(tmp_path, capsys, m
   assert 'remove' not in err
   with pytest.raises(storage.DamagedFileError, match='restore it from a copy .*new workdir'):
     run_restore.read_config(str(workdir))
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_run_goes_on():
+  """`kill -USR1 PID` on a CLI (bipe_jax.cli.run): every thread's stack on stderr, no exit."""
+  code = ('import os, signal, sys, time\n'
+          'from bipe_jax import cli\n'
+          'def main(argv):\n'
+          '  os.kill(os.getpid(), signal.SIGUSR1)\n'
+          '  time.sleep(0.5)\n'
+          '  print("still running")\n'
+          'cli.run(main)\n')
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert proc.returncode == 0 and proc.stdout.strip() == 'still running', proc.stderr[-2000:]
+  assert 'Current thread' in proc.stderr and 'in main' in proc.stderr, proc.stderr[-2000:]

@@ -141,3 +141,27 @@ def test_a_save_that_fails_while_finishing_is_named_as_maybe_complete(tmp_path, 
   again = checkpointing.Checkpointer(directory, read_only=True)
   assert again.all_steps() == [2, 4]
   again.close()
+
+
+def test_abandon_after_a_storage_failure_waits_for_no_save(tmp_path, monkeypatch):
+  """The storage stopped answering: the run lets go of a save in flight instead of waiting out
+  its retries (or the save timeout); the line names the last step known saved and the one in
+  flight as maybe complete."""
+  ckpt = checkpointing.Checkpointer(str(tmp_path / 'checkpoints'), async_save=True)
+  state = {'w': jnp.arange(4.0)}
+  assert ckpt.save(2, state, {'position': 2}, force=True)
+  ckpt.wait()
+  assert ckpt.save(4, state, {'position': 4}, force=True)
+  manager = ckpt._manager  # pylint: disable=protected-access
+
+  def hang():
+    raise AssertionError('abandon waited for the save in flight')
+
+  monkeypatch.setattr(manager, 'wait_until_finished', hang)
+  monkeypatch.setattr(manager, 'close', hang)
+  ckpt.abandon()
+  assert ckpt.last_saved_text() == (
+      'the last checkpoint saved is step 2 (or step 4, if its save, cut short, completed: '
+      'resuming takes the newest complete one)')
+  monkeypatch.undo()
+  manager.wait_until_finished()
