@@ -201,8 +201,13 @@ def dump_stacks_on_sigusr1() -> None:
   run that seems stuck is waiting on (docs/training.md, "A run that seems stuck")."""
   import faulthandler  # pylint: disable=g-import-not-at-top
   import signal  # pylint: disable=g-import-not-at-top
-  if hasattr(signal, 'SIGUSR1'):
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+  stream = sys.__stderr__  # the process's own stderr (sys.stderr may be a capture without a fd)
+  if not hasattr(signal, 'SIGUSR1') or stream is None:
+    return
+  try:
+    faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
+  except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation: no file descriptor
+    pass
 
 
 def run(main: Callable[[list], int | None]) -> None:
