@@ -5,15 +5,19 @@ A failed read raises an error whose text embeds a whole TensorStore spec, logs i
 Orbax's and asyncio's Python loggers, and abandons read coroutines whose event loop is closed
 later ("Event loop is closed" / "coroutine ... was never awaited", or the read's own error
 raised in a coroutine nobody awaits: printed by Python's unraisable-exception hook, possibly at
-exit). `short_reason` keeps the error's first words,
-`quiet_failed_reads` silences those loggers while the restores are tried and drops those
-unraisable messages from then on (any other unraisable exception is still printed).
+exit; or, when TensorStore's read thread finds the loop closed as it hands a result back, a bare
+"Traceback ... call_soon_threadsafe ... RuntimeError: Event loop is closed" printed through
+`sys.excepthook`). `short_reason` keeps the error's first words, `quiet_failed_reads` silences
+those loggers while the restores are tried and drops those messages from then on (any other
+unraisable or uncaught exception is still printed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import os
 import sys
 
 NOISY_LOGGERS = ('asyncio', 'absl', 'orbax', 'orbax.checkpoint', 'tensorstore', 'jax')
@@ -51,6 +55,31 @@ def _drop_abandoned_reads(previous):
   return hook
 
 
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+
+
+def _is_closed_loop_callback(exc_value, traceback) -> bool:
+  """The error of a read's result handed to a closed event loop from TensorStore's thread: an
+  'Event loop is closed' whose whole traceback lies inside asyncio (no Python caller: it was
+  called from C). The same error raised through a script's own frames is not this."""
+  if not isinstance(exc_value, RuntimeError) or str(exc_value) != 'Event loop is closed':
+    return False
+  while traceback is not None:
+    if not traceback.tb_frame.f_code.co_filename.startswith(_ASYNCIO_DIR):
+      return False
+    traceback = traceback.tb_next
+  return True
+
+
+def _drop_closed_loop_callbacks(previous):
+  def hook(exc_type, exc_value, traceback):
+    if _is_closed_loop_callback(exc_value, traceback):
+      return
+    previous(exc_type, exc_value, traceback)
+  hook.drops_abandoned_reads = True
+  return hook
+
+
 class _AbandonedReadRecords(logging.Filter):
   """Drops asyncio's "Task exception was never retrieved" for an abandoned read (logged when the
   task is garbage-collected, after the restores were tried)."""
@@ -62,9 +91,12 @@ class _AbandonedReadRecords(logging.Filter):
 
 def install_unraisable_filter() -> None:
   """From now on, an abandoned read's 'Event loop is closed' / 'never awaited' / read error is
-  not printed: neither by the unraisable hook nor by asyncio's logger."""
+  not printed: neither by the unraisable hook, nor by the exception hook (a closed loop met from
+  TensorStore's thread), nor by asyncio's logger."""
   if not getattr(sys.unraisablehook, 'drops_abandoned_reads', False):
     sys.unraisablehook = _drop_abandoned_reads(sys.unraisablehook)
+  if not getattr(sys.excepthook, 'drops_abandoned_reads', False):
+    sys.excepthook = _drop_closed_loop_callbacks(sys.excepthook)
   asyncio_logger = logging.getLogger('asyncio')
   if not any(isinstance(f, _AbandonedReadRecords) for f in asyncio_logger.filters):
     asyncio_logger.addFilter(_AbandonedReadRecords())
@@ -72,7 +104,10 @@ def install_unraisable_filter() -> None:
 
 @contextlib.contextmanager
 def quiet_failed_reads():
-  """Silences the libraries' loggers while checkpoints are tried (our own lines are printed)."""
+  """Silences the libraries' loggers while checkpoints are tried (our own lines are printed).
+  The hooks go in first: a failed read's thread can report its closed loop before the restore
+  call has raised."""
+  install_unraisable_filter()
   loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
   levels = [logger.level for logger in loggers]
   for logger in loggers:

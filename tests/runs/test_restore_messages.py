@@ -58,3 +58,35 @@ def test_the_libraries_loggers_are_silent_while_restores_are_tried(caplog):
     logging.getLogger('orbax.checkpoint').error('restore failed: <TensorStore spec>')
   logging.getLogger('asyncio').warning('after the restores')
   assert [r.getMessage() for r in caplog.records] == ['after the restores']
+
+
+def test_a_closed_loop_met_from_a_read_thread_is_dropped_and_a_scripts_own_kept(monkeypatch):
+  """TensorStore's thread hands a read's result to a loop Orbax has closed: the error, raised in
+  asyncio's `call_soon_threadsafe` with no Python caller, reaches `sys.excepthook` (PyErr_Print)
+  as a bare traceback. That one is dropped; the same error raised through a script's frames, and
+  any other error, still print."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  seen = []
+  monkeypatch.setattr(sys, 'excepthook', lambda *exc: seen.append(exc[1]))
+  restore_messages.install_unraisable_filter()
+  restore_messages.install_unraisable_filter()
+  loop = asyncio.new_event_loop()
+  loop.close()
+
+  def raised(call):
+    try:
+      call()
+    except Exception as e:  # pylint: disable=broad-except
+      return e
+    raise AssertionError('no error')
+
+  from_c = raised(lambda: loop.call_soon_threadsafe(print))
+  inside_asyncio = from_c.__traceback__  # drop this test's frames: as if called from C
+  while 'asyncio' not in inside_asyncio.tb_frame.f_code.co_filename:
+    inside_asyncio = inside_asyncio.tb_next
+  sys.excepthook(type(from_c), from_c, inside_asyncio)
+  from_script = raised(lambda: loop.call_soon_threadsafe(print))
+  sys.excepthook(type(from_script), from_script, from_script.__traceback__)
+  other = ValueError('a real problem')
+  sys.excepthook(ValueError, other, None)
+  assert seen == [from_script, other]
