@@ -58,7 +58,7 @@ def _drop_abandoned_reads(previous):
 _ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
 
 
-def _is_closed_loop_callback(exc_value, traceback) -> bool:
+def is_closed_loop_callback(exc_value, traceback) -> bool:
   """The error of a read's result handed to a closed event loop from TensorStore's thread: an
   'Event loop is closed' whose whole traceback lies inside asyncio (no Python caller: it was
   called from C). The same error raised through a script's own frames is not this."""
@@ -73,7 +73,7 @@ def _is_closed_loop_callback(exc_value, traceback) -> bool:
 
 def _drop_closed_loop_callbacks(previous):
   def hook(exc_type, exc_value, traceback):
-    if _is_closed_loop_callback(exc_value, traceback):
+    if is_closed_loop_callback(exc_value, traceback):
       return
     previous(exc_type, exc_value, traceback)
   hook.drops_abandoned_reads = True

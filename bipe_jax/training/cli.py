@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 
+from bipe_jax import restore_messages
 from bipe_jax import storage
 from bipe_jax import storage_faults
 from bipe_jax.cli import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STORAGE, EXIT_USER_ERROR
@@ -101,9 +102,11 @@ def quiet_storage_failure_noise() -> None:
   the library log instead of the terminal: the run reports the failure itself, in one line.
   - a thread that ends on it (Orbax's save threads): its traceback;
   - tensorstore's writes still in flight when Orbax has closed its event loop: each reports
-    "Event loop is closed" through Python's unraisable-exception hook.
+    "Event loop is closed" through Python's unraisable-exception hook, or, handed back from
+    tensorstore's own thread, through sys.excepthook (restore_messages.is_closed_loop_callback).
   Any other error is printed as before."""
-  thread_hook, unraisable_hook = threading.excepthook, sys.unraisablehook
+  thread_hook, unraisable_hook, except_hook = (threading.excepthook, sys.unraisablehook,
+                                               sys.excepthook)
   if getattr(thread_hook, 'quiets_storage_failures', False):
     return
   log = logging.getLogger('bipe_jax')
@@ -121,8 +124,15 @@ def quiet_storage_failure_noise() -> None:
       return
     unraisable_hook(unraisable)
 
+  def on_uncaught(exc_type, exc_value, traceback):
+    if restore_messages.is_closed_loop_callback(exc_value, traceback):
+      log.info('a storage operation finished after its event loop had closed')
+      return
+    except_hook(exc_type, exc_value, traceback)
+
   on_thread_error.quiets_storage_failures = True
-  threading.excepthook, sys.unraisablehook = on_thread_error, on_unraisable
+  threading.excepthook, sys.unraisablehook, sys.excepthook = (on_thread_error, on_unraisable,
+                                                              on_uncaught)
 
 
 def _is_storage_failure(error) -> bool:

@@ -1,8 +1,10 @@
 """A recovery from a damaged checkpoint prints one short line per damaged step, one for the step
 used, and none of the noise of the failed reads (TensorStore spec dumps, closed event loops)."""
 
+import asyncio
 import logging
 import sys
+import threading
 import types
 
 from bipe_jax import restore_messages
@@ -60,33 +62,53 @@ def test_the_libraries_loggers_are_silent_while_restores_are_tried(caplog):
   assert [r.getMessage() for r in caplog.records] == ['after the restores']
 
 
+def _closed_loop_errors():
+  """(as called from C: only asyncio's frames, with its traceback; raised through this test's
+  frames, with its traceback): a real closed event loop's `call_soon_threadsafe` error."""
+  loop = asyncio.new_event_loop()
+  loop.close()
+  errors = []
+  for _ in range(2):
+    try:
+      loop.call_soon_threadsafe(print)
+    except RuntimeError as e:
+      errors.append(e)
+  assert len(errors) == 2
+  inside_asyncio = errors[0].__traceback__  # this test's frame dropped: as if called from C
+  while 'asyncio' not in inside_asyncio.tb_frame.f_code.co_filename:
+    inside_asyncio = inside_asyncio.tb_next
+  return (errors[0], inside_asyncio), (errors[1], errors[1].__traceback__)
+
+
 def test_a_closed_loop_met_from_a_read_thread_is_dropped_and_a_scripts_own_kept(monkeypatch):
   """TensorStore's thread hands a read's result to a loop Orbax has closed: the error, raised in
   asyncio's `call_soon_threadsafe` with no Python caller, reaches `sys.excepthook` (PyErr_Print)
   as a bare traceback. That one is dropped; the same error raised through a script's frames, and
   any other error, still print."""
-  import asyncio  # pylint: disable=g-import-not-at-top
   seen = []
   monkeypatch.setattr(sys, 'excepthook', lambda *exc: seen.append(exc[1]))
   restore_messages.install_unraisable_filter()
   restore_messages.install_unraisable_filter()
-  loop = asyncio.new_event_loop()
-  loop.close()
-
-  def raised(call):
-    try:
-      call()
-    except Exception as e:  # pylint: disable=broad-except
-      return e
-    raise AssertionError('no error')
-
-  from_c = raised(lambda: loop.call_soon_threadsafe(print))
-  inside_asyncio = from_c.__traceback__  # drop this test's frames: as if called from C
-  while 'asyncio' not in inside_asyncio.tb_frame.f_code.co_filename:
-    inside_asyncio = inside_asyncio.tb_next
-  sys.excepthook(type(from_c), from_c, inside_asyncio)
-  from_script = raised(lambda: loop.call_soon_threadsafe(print))
-  sys.excepthook(type(from_script), from_script, from_script.__traceback__)
+  from_c, from_script = _closed_loop_errors()
+  for error, traceback in (from_c, from_script):
+    sys.excepthook(type(error), error, traceback)
   other = ValueError('a real problem')
   sys.excepthook(ValueError, other, None)
-  assert seen == [from_script, other]
+  assert seen == [from_script[0], other]
+
+
+def test_a_run_failing_on_storage_logs_the_closed_loop_and_prints_the_rest(monkeypatch, caplog):
+  """The training CLI's hooks for a bucket that stops answering (cli.quiet_storage_failure_noise)
+  send the same closed-loop error of a write in flight to the library log, not the terminal."""
+  from bipe_jax.training import cli  # pylint: disable=g-import-not-at-top
+  seen = []
+  monkeypatch.setattr(sys, 'excepthook', lambda *exc: seen.append(exc[1]))
+  monkeypatch.setattr(sys, 'unraisablehook', sys.__unraisablehook__)
+  monkeypatch.setattr(threading, 'excepthook', threading.__excepthook__)  # not yet installed
+  caplog.set_level(logging.INFO, logger='bipe_jax')
+  cli.quiet_storage_failure_noise()
+  from_c, from_script = _closed_loop_errors()
+  for error, traceback in (from_c, from_script):
+    sys.excepthook(type(error), error, traceback)
+  assert seen == [from_script[0]]
+  assert any('after its event loop had closed' in r.getMessage() for r in caplog.records)
