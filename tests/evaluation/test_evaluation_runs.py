@@ -287,15 +287,11 @@ def test_a_bipe_run_without_stored_separators_is_refused(tmp_path):
 
 def test_cli_on_a_damaged_newest_checkpoint_prints_two_lines_and_no_traceback(trained_run,
                                                                              tmp_path):
-  """eval/perplexity.py on a run whose newest checkpoint has its largest array file cut: one
-  line for the damaged step, one for the step used, then the results; no traceback of the
-  failed reads ("Event loop is closed"), nothing moved."""
+  """eval/perplexity.py on a run whose newest checkpoint has its array files cut: one line for
+  the damaged step, one for the step used, then the results; no traceback of the failed reads
+  ("Event loop is closed"), nothing moved."""
   path = fixtures.copy_run(trained_run, tmp_path)
-  step_dir = os.path.join(path, 'checkpoints', '4', 'state')
-  data_files = [os.path.join(d, f) for d, _, files in os.walk(step_dir) for f in files
-                if os.path.getsize(os.path.join(d, f)) > 1000 and 'metadata' not in f]
-  with open(max(data_files, key=os.path.getsize), 'r+b') as f:
-    f.truncate(10)
+  assert fixtures.cut_array_files(os.path.join(path, 'checkpoints', '4', 'state'))
   # a real interpreter (not tests/forkserver.py's fork): what it prints at its exit counts too
   import subprocess  # pylint: disable=g-import-not-at-top
   proc = subprocess.run([sys.executable, 'eval/perplexity.py', f'--workdir={path}',

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from bipe_jax.runs import run_record
-from tests.fixtures import SHORT, checkpoint_steps, copy_run, run_cli
+from tests.fixtures import SHORT, checkpoint_steps, copy_run, cut_array_files, run_cli
 
 pytestmark = [pytest.mark.slow]
 
@@ -72,14 +72,9 @@ def test_resumable_fields_may_change(dirs, trained, tmp_path):
 
 def test_truncated_newest_checkpoint_falls_back_and_moves_only_it(dirs, trained, tmp_path):
   workdir = copy_run(trained, tmp_path)
-  step_dir = os.path.join(workdir, 'checkpoints', '4', 'state')
-  data_files = [os.path.join(d, f) for d, _, files in os.walk(step_dir) for f in files
-                if os.path.getsize(os.path.join(d, f)) > 1000 and 'metadata' not in f]
-  assert data_files
-  # The largest array file cut to 10 bytes: every read of it fails while the other reads of the
-  # restore are in flight (they are abandoned: the noise checked below).
-  with open(max(data_files, key=os.path.getsize), 'r+b') as f:
-    f.truncate(10)
+  # The array files cut to 10 bytes: a read fails while the other reads of the restore are in
+  # flight (they are abandoned: the noise checked below).
+  assert cut_array_files(os.path.join(workdir, 'checkpoints', '4', 'state'))
   proc = run_cli(dirs, workdir, *SHORT)
   assert 'checkpoint step 4' in proc.stdout and 'is damaged' in proc.stdout
   assert 'resumed from checkpoint step 2' in proc.stdout
