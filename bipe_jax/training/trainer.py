@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import flax.linen as nn
 import jax
 from absl import logging
-from jax.experimental import multihost_utils
+import orbax.checkpoint as ocp
 
 from bipe_jax import run_config as run_config_lib
 from bipe_jax.runs import tokenizer as run_tokenizer
@@ -135,9 +135,18 @@ def stop_grace_s(environ=None) -> float:
   return value
 
 
-def _barrier(name: str):
+# How long the other processes wait at a barrier for process 0 (which prepares the data first:
+# tokenizing a corpus can take hours on a pod's first run).
+BARRIER_TIMEOUT_S = 6 * 3600
+
+
+def _barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S):
+  """Every process waits here for the others: a barrier of the coordination service (Orbax's
+  `get_barrier_sync_fn`, `jax.distributed`'s client), not a collective. A collective barrier
+  (`multihost_utils.sync_global_devices`) fails on CPU when one process arrives 30 s after the
+  others (gloo's context set-up times out), e.g. while process 0 still prepares the data."""
   if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
+    ocp.multihost.get_barrier_sync_fn()(key=name, timeout_ms=int(timeout_s * 1000))
 
 
 def _default_data(config, facts: dict, workdir: str):
