@@ -58,11 +58,16 @@ def main(argv=None) -> None:
   p.add_argument('--repeats', type=int, default=10)
   p.add_argument('--dtypes', default='float32,bfloat16')
   p.add_argument('--out', default=None, help='path prefix for .md/.json results')
+  p.add_argument('--max_dim', type=int, default=0,
+                 help='only the shapes whose every dimension is at most this (0: all)')
   args = p.parse_args(argv)
   import jax  # pylint: disable=g-import-not-at-top,unused-import
   dtypes = args.dtypes.split(',')
+  shapes = [s for s in SHAPES if not args.max_dim or max(s[:3]) <= args.max_dim]
+  if not shapes:
+    p.error(f'--max_dim={args.max_dim} leaves no shape (the smallest is 512)')
   rows, data = [], []
-  for m, k, n, what in SHAPES:
+  for m, k, n, what in shapes:
     row = [what, f'{m}x{k} @ {k}x{n}']
     for dt in dtypes:
       fps = matmul_flops_per_s(m, k, n, dt, warmup=args.warmup, repeats=args.repeats)

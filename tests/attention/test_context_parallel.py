@@ -103,7 +103,7 @@ def _model(encoding, impl, restart=False):
   from bipe_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from bipe_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   cfg = config_lib.ModelConfig(
-      vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=64,
+      vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_size=64,
       max_intra=T, max_position=T, train_length=T, separator_ids=(SEP,), bos_id=BOS,
       paragraph_ids=(PARA,),
       pad_id=PAD, mask_across_documents=True, restart_at_documents=restart,

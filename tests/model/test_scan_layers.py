@@ -16,10 +16,11 @@ from bipe_jax import model as model_lib
 from bipe_jax.interop import hf_llama
 
 TOKENS = jnp.asarray(np.random.default_rng(3).integers(0, 16, (2, 24)), jnp.int32)
+LAYERS = 2  # a scan of two layers is what three would test, at two thirds of the unrolled compile
 
 
 def _models(name, **extra):
-  fields = dict(vocab_size=16, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
+  fields = dict(vocab_size=16, hidden_size=32, num_layers=LAYERS, num_heads=4, num_kv_heads=2,
                 ffn_size=64, position_encoding=name, separators='ids', separator_ids=(3, 4),
                 max_intra=32, max_position=32, train_length=24, block_size=8, bos_id=1)
   fields.update(extra)
@@ -46,7 +47,7 @@ def _loss(model, params):
 def test_scanned_equals_unrolled_in_logits_and_gradients(name, extra, eager):
   unrolled, scanned = _models(name, **extra)
   params = _init(unrolled, 0)
-  stacked = model_lib.stack_layer_params(params, 3)
+  stacked = model_lib.stack_layer_params(params, LAYERS)
   own = nn.meta.unbox(jax.eval_shape(scanned.init, jax.random.PRNGKey(0), TOKENS)['params'])
   chex.assert_trees_all_equal_shapes(stacked, own)  # the converter gives the scanned layout
   jitted = jax.jit(lambda m, p: m.apply({'params': p}, TOKENS), static_argnums=0)
@@ -62,15 +63,15 @@ def test_scanned_equals_unrolled_in_logits_and_gradients(name, extra, eager):
 def test_layouts_round_trip_and_match():
   unrolled, _ = _models('bipe_rope')
   params = _init(unrolled, 1)
-  stacked = model_lib.stack_layer_params(params, 3)
-  chex.assert_shape(stacked['layers']['attention']['query']['kernel'], (3, 32, 4, 8))
+  stacked = model_lib.stack_layer_params(params, LAYERS)
+  chex.assert_shape(stacked['layers']['attention']['query']['kernel'], (LAYERS, 32, 4, 8))
   chex.assert_trees_all_equal(model_lib.unstack_layer_params(stacked), params)
   chex.assert_trees_all_equal(model_lib.match_layer_layout(params, stacked), stacked)
   chex.assert_trees_all_equal(model_lib.match_layer_layout(stacked, params), params)
   with pytest.raises(ValueError, match='missing'):
-    model_lib.stack_layer_params(params, 4)
+    model_lib.stack_layer_params(params, LAYERS + 1)
   # The Hugging Face export reads either layout.
-  fields = dict(num_layers=3, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=0,
+  fields = dict(num_layers=LAYERS, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=0,
                 ffn_size=64, vocab_size=16, position_encoding='bipe_rope', max_intra=32)
   a = hf_llama.hf_weights_from_params(params, fields)
   b = hf_llama.hf_weights_from_params(stacked, fields)
@@ -82,6 +83,6 @@ def test_scanned_decoding_equals_unrolled_decoding():
   params = _init(unrolled, 2)
   prompt = TOKENS[:, :7]
   want = generation.generate(unrolled, params, prompt, max_new_tokens=6)
-  got = generation.generate(scanned, model_lib.stack_layer_params(params, 3), prompt,
+  got = generation.generate(scanned, model_lib.stack_layer_params(params, LAYERS), prompt,
                             max_new_tokens=6)
   np.testing.assert_array_equal(got, want)

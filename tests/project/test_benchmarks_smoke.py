@@ -36,7 +36,8 @@ SMOKE = {
     'vs_pytorch.py': ('steps', [*TINY_SHAPE, '--impls', 'dense', *ONE_STEP]),
     'hf_llama_step.py': ('steps', [*TINY_SHAPE, '--warmup', '0', '--repeats', '1']),
     # Kernels, memory, data, cores.
-    'matmul_peak.py': ('other', ['--warmup', '0', '--repeats', '1', '--dtypes', 'float32']),
+    'matmul_peak.py': ('other', ['--warmup', '0', '--repeats', '1', '--dtypes', 'float32',
+                                 '--max_dim', '512']),
     'attention_layouts.py': ('other', ['--batch', '1', '--seq', '32', '--heads', '2',
                                        '--head_dim', '8', '--block_size', '16', '--warmup', '0',
                                        '--repeats', '1']),
