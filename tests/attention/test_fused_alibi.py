@@ -42,7 +42,7 @@ def test_key_bias_equals_the_distance_bias_after_the_softmax_by_hand():
 
 
 def _model(name, impl, **extra):
-  fields = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+  fields = dict(vocab_size=16, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                 ffn_size=64, position_encoding=name, separators='ids', separator_ids=(3, 4),
                 max_intra=64, max_position=64, block_size=8, attention_impl=impl, bos_id=1)
   fields.update(extra)
