@@ -204,7 +204,7 @@ def cli_args(dirs, workdir, *extra):  # pylint: disable=redefined-outer-name
   tokenised before the first step, about a second of CPU in every run of a few steps."""
   return [sys.executable, MAIN, '--config=configs/tiny.py', f'--workdir={workdir}',
           '--config.model.vocab_size=320', '--config.model.hidden_size=32',
-          '--config.model.num_layers=2', '--config.model.num_heads=4',
+          '--config.model.num_layers=1', '--config.model.num_heads=4',
           '--config.model.ffn_size=64', '--config.model.max_intra=32',
           '--config.model.max_position=32', '--config.model.block_size=16',
           '--config.data.seq_len=32', '--config.data.dataset=text_folder',

@@ -95,7 +95,7 @@ def test_cli_fine_tunes_from_a_run_with_other_rope_scaling(dirs, source, tmp_pat
 @pytest.mark.parametrize('flag, expected', [
     ('--config.model.hidden_size=48', "parameter ['embed']['embedding'] has shape (320, 32) in "
                                       "the source, (320, 48) in this model"),
-    ('--config.model.num_layers=3', "the source has no parameter ['layer_2']"),
+    ('--config.model.num_layers=2', "the source has no parameter ['layer_1']"),
 ])
 def test_cli_refuses_a_source_of_another_shape_before_writing_anything(dirs, source, tmp_path,
                                                                        flag, expected):
